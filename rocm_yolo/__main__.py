@@ -1,0 +1,3 @@
+from rocm_yolo.cli import main
+
+raise SystemExit(main())
