@@ -1,2 +1,179 @@
-def main(argv=None):
-    return 0
+"""``rocm-yolo``: the command line. Parses, validates, hands over to the supervisor.
+
+This process never imports torch or ultralytics: ``--help`` answers at once, and the
+training child is started fresh rather than forked from a process holding GPU state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from rocm_yolo import __version__, exitcodes
+from rocm_yolo.profiles import DEFAULT_LADDER, PROFILES, UsageError, parse_ladder
+
+EPILOG = exitcodes.HELP
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit code 2 (no usage dump, no traceback)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.exit(exitcodes.USAGE, f"rocm-yolo: error: {message} (see '{self.prog} --help')\n")
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train a YOLO model (safe DataLoaders, profiles, watchdog, resume)",
+        description="Run Ultralytics training in a fresh child process with spawn-safe DataLoaders, "
+        "under a watchdog that restarts a hung run from last.pt on a safer profile.",
+        epilog=EPILOG + ". Any other Ultralytics train argument goes as KEY=VALUE (e.g. lr0=0.01 cache=ram); "
+        "loader settings too: persistent_workers=, prefetch_factor=, pin_memory=, timeout=, val_workers=.",
+    )
+    p.add_argument("data", nargs="?", metavar="DATA", help="dataset YAML, or 'demo' for the built-in demo set")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Ultralytics train arguments")
+    p.add_argument("--model", help="model .pt or .yaml (default: Ultralytics' yolo26n.pt; yolo26n.yaml for demo)")
+    p.add_argument("--workers", metavar="N", help="DataLoader workers (default: the profile's)")
+    p.add_argument("--profile", choices=list(PROFILES), help="settings profile (default: fast; on resume: the run's)")
+    p.add_argument("--epochs", type=int, metavar="N")
+    p.add_argument("--imgsz", type=int, metavar="N")
+    p.add_argument("--batch", type=float, metavar="N", help="batch size (-1 for AutoBatch)")
+    p.add_argument("--device", metavar="D", help="cpu, 0, 0,1, ... (default: Ultralytics' choice)")
+    p.add_argument("--project", metavar="DIR", help="output directory (default: runs/detect)")
+    p.add_argument("--name", metavar="NAME", help="run name (default: train, train-2, ...)")
+    p.add_argument("--resume", nargs="?", const=True, metavar="LAST_PT",
+                   help="continue a run from its last.pt (default: the newest under the project)")
+    p.add_argument("--conv", default="auto", choices=["auto", "native", "aten", "fp32", "gemm"],
+                   help="Conv2d strategy for GPUs whose MIOpen convolutions fail (default: auto)")
+    w = p.add_argument_group("watchdog")
+    w.add_argument("--no-watchdog", action="store_true", help="no stall detection and no automatic restarts")
+    w.add_argument("--stall-timeout", type=float, default=180.0, metavar="SECONDS",
+                   help="a hang is no progress for this long at least (default: 180; grows with slow steps)")
+    w.add_argument("--startup-grace", type=float, default=900.0, metavar="SECONDS",
+                   help="allowance before the first batch and after each phase change (default: 900)")
+    w.add_argument("--max-restarts", type=int, default=3, metavar="N", help="restarts after a hang or crash (default: 3)")
+    w.add_argument("--fallback", default=",".join(DEFAULT_LADDER), metavar="P1,P2,...",
+                   help="profiles to step through on each restart (default: fast,safe,single)")
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="rocm-yolo", description="Dependable Ultralytics YOLO training on AMD GPUs with ROCm.",
+                    epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"rocm-yolo {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    _add_train(sub)
+    sub.add_parser("profiles", help="list the settings profiles with every setting")
+    st = sub.add_parser("status", help="progress and health of a run (readable while it trains)")
+    st.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="run directory (default: the newest under runs/)")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    doc = sub.add_parser("doctor", help="find the cause of a hang before spending GPU hours")
+    from rocm_yolo import doctor
+
+    doctor.add_arguments(doc)
+    return parser
+
+
+def cmd_profiles(args) -> int:
+    names = list(PROFILES)
+    rows = {name: dict(PROFILES[name].rows()) for name in names}
+    keys = list(rows[names[0]])
+    width = max(len(k) for k in keys) + 2
+    col = max(len(v) for r in rows.values() for v in r.values()) + 2
+    print("setting".ljust(width) + "".join(n.ljust(col) for n in names))
+    for key in keys:
+        print(key.ljust(width) + "".join(rows[n][key].ljust(col) for n in names))
+    print()
+    for name in names:
+        print(f"{name}: {PROFILES[name].summary}")
+    return exitcodes.OK
+
+
+def cmd_train(args) -> int:
+    from rocm_yolo import launch
+    from rocm_yolo.supervisor import WatchdogConfig
+
+    overrides = list(args.overrides)
+    data = args.data
+    if data is not None and "=" in data:  # only KEY=VALUE given (e.g. with --resume)
+        overrides.insert(0, data)
+        data = None
+    batch = args.batch
+    if batch is not None and float(batch).is_integer():
+        batch = int(batch)
+    if args.max_restarts < 0:
+        raise UsageError("--max-restarts must be >= 0")
+    if args.stall_timeout <= 0 or args.startup_grace <= 0:
+        raise UsageError("--stall-timeout and --startup-grace must be > 0 seconds")
+    spec = launch.make_spec(
+        data,
+        model=args.model,
+        workers=args.workers,
+        profile=args.profile,
+        epochs=args.epochs,
+        imgsz=args.imgsz,
+        batch=batch,
+        device=args.device,
+        project=args.project,
+        name=args.name,
+        resume=args.resume,
+        conv=args.conv,
+        extra=launch.parse_key_values(overrides),
+    )
+    config = WatchdogConfig(
+        enabled=not args.no_watchdog,
+        stall_timeout=args.stall_timeout,
+        startup_grace=args.startup_grace,
+        max_restarts=args.max_restarts,
+        ladder=parse_ladder(args.fallback),
+    )
+    started = time.time()
+    result = launch.run(spec, config, user_resume=args.resume is not None)
+    if result.state == "finished":
+        epochs = _count_epochs(Path(result.run_dir) / "results.csv")
+        weights = Path(result.run_dir) / "weights"
+        extra = f", {result.restarts} restart(s), {result.lost_seconds:.0f} s lost to hangs" if result.restarts else ""
+        print(f"rocm-yolo: done: {epochs} epochs in {time.time() - started:.1f} s{extra}; "
+              f"weights: {weights / 'last.pt'} and {weights / 'best.pt'}", file=sys.stderr)
+    elif result.state == "failed":
+        print(f"rocm-yolo: failed after {result.restarts} restart(s); see {Path(result.run_dir) / 'rocm-yolo.log'}",
+              file=sys.stderr)
+    return result.exit_code
+
+
+def _count_epochs(csv: Path) -> int:
+    try:
+        return max(len(csv.read_text().strip().splitlines()) - 1, 0)
+    except OSError:
+        return 0
+
+
+def cmd_status(args) -> int:
+    from rocm_yolo import status
+
+    return status.main(args.run_dir, as_json=args.json)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return exitcodes.USAGE
+    try:
+        if args.command == "train":
+            return cmd_train(args)
+        if args.command == "profiles":
+            return cmd_profiles(args)
+        if args.command == "status":
+            return cmd_status(args)
+        from rocm_yolo import doctor
+
+        return doctor.run(args)
+    except UsageError as e:
+        print(f"rocm-yolo: error: {e}", file=sys.stderr)
+        return exitcodes.USAGE
+    except KeyboardInterrupt:
+        return exitcodes.INTERRUPTED

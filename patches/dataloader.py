@@ -1,0 +1,210 @@
+"""Spawn-safe DataLoaders: one patch on ``torch.utils.data.DataLoader.__init__``.
+
+Every DataLoader created while the patch is installed, Ultralytics' ``InfiniteDataLoader``
+included (it calls ``DataLoader.__init__`` through ``super()``), gets the run's loader
+settings when it has worker processes:
+
+- ``multiprocessing_context``: spawn, unless the loader chose one itself (a user's
+  explicit ``start_method=`` wins over both);
+- ``persistent_workers``, ``prefetch_factor``, ``pin_memory`` and ``timeout`` from the profile;
+- ``worker_init_fn`` wrapped by :class:`WorkerInit`, which registers faulthandler in the
+  worker (spawned workers inherit no signal handlers) and records how the worker was made.
+
+A loader with ``num_workers=0`` only gets ``pin_memory``: torch rejects the other settings
+there. Loaders built while :func:`loader_role` says ``"val"`` are capped at the profile's
+validation worker count. The patch is idempotent (installing again only updates the
+settings) and :func:`uninstall` puts the original function object back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import functools
+import inspect
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch.utils.data
+
+from rocm_yolo.profiles import LoaderSettings
+
+DUMP_SIGNAL = signal.SIGUSR1  # the watchdog sends it to dump Python stacks with faulthandler
+
+_original_init: Callable | None = None
+_settings: LoaderSettings | None = None
+_run_dir: Path | None = None
+_role = threading.local()
+_built: list[dict] = []  # one entry per loader built under the patch, for the run log
+
+
+def installed() -> bool:
+    return _original_init is not None
+
+
+def settings() -> LoaderSettings | None:
+    return _settings
+
+
+def built_loaders() -> list[dict]:
+    """What each loader built under the patch really got (role, requested and applied workers, ...)."""
+    return list(_built)
+
+
+@contextlib.contextmanager
+def loader_role(role: str):
+    """Loaders built inside this block are ``role`` ("train" or "val") for capping and logging."""
+    previous = getattr(_role, "value", None)
+    _role.value = role
+    try:
+        yield
+    finally:
+        _role.value = previous
+
+
+def install(loader_settings: LoaderSettings | Mapping[str, Any], run_dir: str | os.PathLike | None = None) -> None:
+    """Install the patch (or update its settings if it is installed already)."""
+    global _original_init, _settings, _run_dir
+    if not isinstance(loader_settings, LoaderSettings):
+        loader_settings = LoaderSettings.from_dict(loader_settings)
+    _settings = loader_settings
+    _run_dir = Path(run_dir) if run_dir is not None else None
+    if _original_init is not None:
+        return
+    original = torch.utils.data.DataLoader.__dict__["__init__"]
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        arguments = dict(bound.arguments)
+        del arguments["self"]
+        if _settings is not None:
+            arguments = _apply(arguments, _settings, getattr(_role, "value", None), type(self).__name__)
+        return original(self, **arguments)
+
+    __init__.__rocm_yolo_patch__ = True
+    torch.utils.data.DataLoader.__init__ = __init__
+    _original_init = original
+
+
+def uninstall() -> None:
+    """Restore the original ``DataLoader.__init__`` exactly; a no-op when not installed."""
+    global _original_init, _settings, _run_dir
+    if _original_init is None:
+        return
+    torch.utils.data.DataLoader.__init__ = _original_init
+    _original_init, _settings, _run_dir = None, None, None
+    _built.clear()
+
+
+def _apply(arguments: dict, s: LoaderSettings, role: str | None, cls_name: str) -> dict:
+    requested = int(arguments.get("num_workers", 0) or 0)
+    workers = requested
+    if role == "val" and s.val_workers is not None:
+        workers = min(workers, s.val_workers)
+    arguments["num_workers"] = workers
+    if s.pin_memory is not None:
+        arguments["pin_memory"] = s.pin_memory
+    if workers > 0:
+        if arguments.get("multiprocessing_context") is None or s.start_method_explicit:
+            arguments["multiprocessing_context"] = s.start_method
+        arguments["persistent_workers"] = s.persistent_workers
+        arguments["prefetch_factor"] = s.prefetch_factor
+        arguments["timeout"] = s.timeout
+        arguments["worker_init_fn"] = WorkerInit(arguments.get("worker_init_fn"), _run_dir, role)
+    else:
+        arguments["multiprocessing_context"] = None
+        arguments["persistent_workers"] = False
+        arguments["prefetch_factor"] = None
+    ctx = arguments.get("multiprocessing_context")
+    method = ctx if isinstance(ctx, str) or ctx is None else ctx.get_start_method()
+    _built.append(
+        {
+            "role": role or "other",
+            "class": cls_name,
+            "requested_workers": requested,
+            "workers": workers,
+            "start_method": method if workers else None,
+            "persistent_workers": arguments.get("persistent_workers", False),
+            "prefetch_factor": arguments.get("prefetch_factor"),
+            "pin_memory": bool(arguments.get("pin_memory", False)),
+            "timeout": arguments.get("timeout", 0),
+        }
+    )
+    return arguments
+
+
+def describe(entry: Mapping) -> str:
+    """One log line for a loader entry of :func:`built_loaders`."""
+    capped = f" (requested {entry['requested_workers']})" if entry["requested_workers"] != entry["workers"] else ""
+    if not entry["workers"]:
+        return f"{entry['role']} loader: workers=0{capped} (in the main process), pin_memory={str(entry['pin_memory']).lower()}"
+    return (
+        f"{entry['role']} loader: workers={entry['workers']}{capped} start={entry['start_method']} "
+        f"persistent={str(entry['persistent_workers']).lower()} prefetch={entry['prefetch_factor']} "
+        f"pin_memory={str(entry['pin_memory']).lower()} timeout={entry['timeout']:g}"
+    )
+
+
+def _how_made() -> str:
+    """How this process was started, from its real command line: spawn, forkserver or fork."""
+    try:
+        cmdline = Path("/proc/self/cmdline").read_bytes()
+    except OSError:
+        return "unknown"
+    if b"spawn_main" in cmdline:
+        return "spawn"
+    if b"forkserver" in cmdline:
+        return "forkserver"
+    return "fork"
+
+
+class WorkerInit:
+    """A picklable ``worker_init_fn`` wrapper, run first thing in every DataLoader worker.
+
+    It registers faulthandler on :data:`DUMP_SIGNAL` (stack file ``stacks/worker-PID.txt`` in
+    the run's rocm-yolo directory), appends one JSON line about the worker to
+    ``workers.jsonl`` there, arms fault injection (tests and benchmarks only), then calls the
+    loader's own ``worker_init_fn``.
+    """
+
+    def __init__(self, inner: Callable | None, run_dir: Path | None, role: str | None):
+        self.inner = inner
+        self.run_dir = str(run_dir) if run_dir is not None else None
+        self.role = role or "other"
+
+    def __call__(self, worker_id: int) -> None:
+        if self.run_dir is not None:
+            self._register(worker_id)
+        from rocm_yolo import faults
+
+        info = torch.utils.data.get_worker_info()
+        faults.arm_worker(info.dataset if info else None)
+        if self.inner is not None:
+            self.inner(worker_id)
+
+    def _register(self, worker_id: int) -> None:
+        state = Path(self.run_dir) / "rocm_yolo"
+        stacks = state / "stacks"
+        stacks.mkdir(parents=True, exist_ok=True)
+        pid = os.getpid()
+        handle = open(stacks / f"worker-{pid}.txt", "a")  # kept open for the life of the worker
+        faulthandler.register(DUMP_SIGNAL, file=handle, all_threads=True, chain=False)
+        info = torch.utils.data.get_worker_info()
+        record = {
+            "pid": pid,
+            "ppid": os.getppid(),
+            "role": self.role,
+            "worker_id": worker_id,
+            "num_workers": info.num_workers if info else None,
+            "start_method": _how_made(),
+            "time": time.time(),
+        }
+        with open(state / "workers.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")

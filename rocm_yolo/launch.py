@@ -1,0 +1,235 @@
+"""Turning user input into a RunSpec, and running it under the supervisor.
+
+Shared by the CLI and the Python API (``rocm_yolo.train``), so both validate the same way
+and run the same child process. Nothing here imports torch or ultralytics.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Any, Mapping
+
+from rocm_yolo import checkpoints, ucfg
+from rocm_yolo.profiles import DEFAULT_LADDER, DEFAULT_PROFILE, LOADER_KEYS, UsageError, resolve
+from rocm_yolo.spec import RunSpec, latest_spec
+from rocm_yolo.supervisor import RunResult, Supervisor, WatchdogConfig
+
+CONV_STRATEGIES = ("auto", "native", "aten", "fp32", "gemm")
+# Flags that are also Ultralytics train arguments (KEY=VALUE may not set them a second time).
+FLAG_KEYS = ("model", "workers", "epochs", "imgsz", "batch", "device", "project", "name")
+NOT_KEYS = {"mode": "rocm-yolo always trains", "task": "the task follows the model", "resume": "use --resume [LAST_PT]"}
+DEMO_DEFAULTS = {"imgsz": 64, "batch": 8, "plots": False}  # sized for a CPU: 2 epochs in well under a minute
+TASK_SUFFIXES = {"-seg": "segment", "-pose": "pose", "-obb": "obb", "-cls": "classify"}
+
+
+def parse_key_values(items: list[str]) -> dict[str, Any]:
+    """``["epochs=3", "lr0=0.01"]`` -> ``{"epochs": 3, "lr0": 0.01}``, values as Ultralytics reads them."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip().lstrip("-").replace("-", "_") if key.startswith("--") else key.strip()
+        if not sep or not key:
+            raise UsageError(f"'{item}' is not KEY=VALUE: write e.g. lr0=0.01")
+        if key in out:
+            raise UsageError(f"'{key}' is given twice")
+        out[key] = ucfg.smart_value(value.strip())
+    return out
+
+
+def _task(model: str) -> str:
+    stem = Path(model).stem
+    for suffix, task in TASK_SUFFIXES.items():
+        if stem.endswith(suffix):
+            return task
+    return "detect"
+
+
+def _resolve_data(data: str) -> str:
+    if data == "demo":
+        from rocm_yolo.demo import write_demo
+
+        return str(write_demo())
+    path = Path(data).expanduser()
+    if path.is_file():
+        return str(path.resolve())
+    if path.is_dir():
+        raise UsageError(f"data '{data}' is a directory: pass its dataset YAML (e.g. {data}/data.yaml)")
+    if path.suffix in {".yaml", ".yml"} and not path.parent.parts:
+        return data  # a name Ultralytics knows (e.g. coco8.yaml); it downloads it
+    raise UsageError(f"data file not found: {data} (pass a dataset YAML, or 'demo' for the built-in demo set)")
+
+
+def _run_dir(project: Path, name: str, exist_ok: bool) -> Path:
+    """Ultralytics' naming (``train``, ``train-2``, ...), decided here so the supervisor knows the directory."""
+    path = project / name
+    if path.exists() and exist_ok:
+        if (path / "weights" / "last.pt").exists():
+            raise UsageError(f"{path} already holds weights/last.pt: continue it with --resume {path / 'weights' / 'last.pt'}, "
+                             "or choose another --name")
+        return path
+    n = 2
+    while path.exists():
+        path = project / f"{name}-{n}"
+        n += 1
+    return path
+
+
+def _find_resume(resume: str | bool, project: Path) -> tuple[Path, str | None]:
+    if resume is True or resume == "":
+        last = checkpoints.find_latest(project)
+        if last is None:
+            raise UsageError(f"no last.pt under {project} to resume: pass the checkpoint, e.g. --resume runs/detect/train/weights/last.pt")
+    else:
+        last = Path(str(resume)).expanduser()
+        if last.is_dir():
+            last = last / "weights" / "last.pt" if (last / "weights").is_dir() else last / "last.pt"
+    return checkpoints.choose_resume(last)
+
+
+def make_spec(
+    data: str | None = None,
+    *,
+    model: str | None = None,
+    workers: object | None = None,
+    profile: str | None = None,
+    epochs: int | None = None,
+    imgsz: int | None = None,
+    batch: object | None = None,
+    device: str | None = None,
+    project: str | None = None,
+    name: str | None = None,
+    resume: str | bool | None = None,
+    conv: str = "auto",
+    extra: Mapping[str, Any] | None = None,
+) -> RunSpec:
+    """Validate everything the user gave and return the spec of the first attempt."""
+    extra = dict(extra or {})
+    for key, why in NOT_KEYS.items():
+        if key in extra:
+            raise UsageError(f"'{key}=' is not accepted here: {why}")
+    flags = {"model": model, "workers": workers, "epochs": epochs, "imgsz": imgsz, "batch": batch,
+             "device": device, "project": project, "name": name}
+    for key in FLAG_KEYS:
+        if key in extra:
+            if flags[key] is not None:
+                raise UsageError(f"'{key}' is given twice (as --{key} and {key}=): keep one")
+            flags[key] = extra.pop(key)
+    if "data" in extra:
+        if data is not None:
+            raise UsageError("'data' is given twice (as DATA and data=): keep one")
+        data = str(extra.pop("data"))
+    if conv not in CONV_STRATEGIES:
+        raise UsageError(f"--conv {conv}: choose one of {', '.join(CONV_STRATEGIES)}")
+    loader_overrides = {k: extra.pop(k) for k in list(extra) if k in LOADER_KEYS}
+    val = extra.pop("val", None)
+    for key in list(extra):
+        extra[key] = ucfg.check_train_arg(key, extra[key], extra_keys=LOADER_KEYS)
+    for key in ("epochs", "imgsz", "batch"):
+        if flags[key] is not None:
+            flags[key] = ucfg.check_train_arg(key, flags[key])
+    user_keys = {k for k, v in flags.items() if v is not None} | set(extra) | set(loader_overrides)
+    if val is not None:
+        user_keys.add("val")
+
+    notes: list[str] = []
+    previous = None
+    project_dir = Path(flags["project"] or Path("runs") / _task(flags["model"] or "")).expanduser().resolve()
+    if resume is not None and resume is not False:
+        ckpt, note = _find_resume(resume, project_dir)
+        if note:
+            notes.append(note)
+        run_dir = ckpt.parent.parent
+        previous = latest_spec(run_dir)
+        if profile is None and previous is not None:
+            profile = previous.profile
+        if workers is None and flags["workers"] is None and previous is not None and profile == previous.profile:
+            flags["workers"] = previous.loader.workers
+        if previous is not None and profile != previous.profile:
+            notes.append(f"resume changes the profile: {previous.profile} -> {profile}")
+        data_path = _resolve_data(data) if data else (previous.data if previous else "")
+        model_name = str(ckpt)
+        train_args: dict[str, Any] = {}
+    else:
+        if not data:
+            raise UsageError("DATA is required: a dataset YAML, or 'demo' for the built-in demo set (or --resume LAST_PT)")
+        data_path = _resolve_data(data)
+        if data == "demo":
+            for key, value in DEMO_DEFAULTS.items():
+                if flags.get(key) is None and key not in extra:
+                    extra[key] = value
+        model_name = str(flags["model"] or ("yolo26n.yaml" if data == "demo" else ucfg.load().task2model.get("detect", "yolo26n.pt")))
+        if flags["model"] and not Path(model_name).suffix:
+            raise UsageError(f"--model {model_name}: give a .pt checkpoint or a .yaml model definition (e.g. yolo26n.yaml)")
+        run_dir = _run_dir(project_dir, str(flags["name"] or "train"), bool(extra.get("exist_ok", False)))
+        ckpt = None
+        train_args = {"data": data_path}
+    resolved = resolve(profile or DEFAULT_PROFILE, flags["workers"], loader_overrides, val=val)
+    notes = [*resolved.warnings, *notes]
+    for key in ("epochs", "imgsz", "batch", "device"):
+        if flags[key] is not None:
+            train_args[key] = flags[key]
+    train_args.update(extra)
+    if ckpt is None:
+        train_args.update(project=str(run_dir.parent), name=run_dir.name, exist_ok=True)
+        run_dir.mkdir(parents=True, exist_ok=True)  # claim the name now
+    return RunSpec(
+        data=data_path,
+        model=model_name,
+        run_dir=str(run_dir),
+        profile=resolved.profile.name,
+        loader=resolved.loader,
+        val=resolved.val,
+        train_args=train_args,
+        user_keys=tuple(sorted(user_keys)),
+        env=resolved.env,
+        resume=str(ckpt) if ckpt else None,
+        conv=conv,
+        attempt=(previous.attempt + 1) if previous else 1,
+        notes=tuple(notes),
+    )
+
+
+def run(spec: RunSpec, config: WatchdogConfig, *, user_resume: bool = False) -> RunResult:
+    """Run ``spec`` under the supervisor; Ctrl-C and SIGTERM stop the whole tree."""
+    supervisor = Supervisor(spec, config, user_resume=user_resume)
+    previous = supervisor.install_signal_handlers() if threading.current_thread() is threading.main_thread() else {}
+    try:
+        for note in spec.notes:
+            supervisor.log.info(note)
+        return supervisor.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def train(
+    data: str | None = None,
+    *,
+    workers: int | None = None,
+    profile: str | None = None,
+    watchdog: bool = True,
+    stall_timeout: float | None = None,
+    startup_grace: float | None = None,
+    max_restarts: int = 3,
+    fallback: tuple[str, ...] | str = DEFAULT_LADDER,
+    conv: str = "auto",
+    resume: str | bool | None = None,
+    **kwargs: Any,
+) -> RunResult:
+    """Train like ``rocm-yolo train``: the same validation, child process and supervisor.
+
+    ``kwargs`` are the other flags (model, epochs, imgsz, batch, device, project, name) and any
+    Ultralytics train argument. Raises :class:`UsageError` for bad input; returns a
+    :class:`RunResult` whose ``exit_code`` matches the CLI's.
+    """
+    from rocm_yolo.profiles import parse_ladder
+
+    flags = {k: kwargs.pop(k, None) for k in FLAG_KEYS if k not in ("workers",)}
+    spec = make_spec(data, workers=workers, profile=profile, resume=resume, conv=conv, extra=kwargs, **flags)
+    ladder = parse_ladder(fallback) if isinstance(fallback, str) else tuple(fallback)
+    config = WatchdogConfig(enabled=watchdog, max_restarts=max_restarts, ladder=ladder,
+                            **{k: v for k, v in (("stall_timeout", stall_timeout), ("startup_grace", startup_grace))
+                               if v is not None})
+    return run(spec, config, user_resume=bool(resume))

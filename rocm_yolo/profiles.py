@@ -1,0 +1,295 @@
+"""Settings profiles, and the one place where loader settings are validated.
+
+A profile is a frozen, named set of DataLoader and training settings that users validated
+on their hardware: ``fast`` (spawn, persistent workers), ``safe`` (fewer workers, fresh
+workers every epoch, no validation during training) and ``single`` (no worker process at
+all, the guaranteed fallback). Flags and KEY=VALUE overrides are merged onto a profile by
+:func:`resolve`, which is the only function that decides whether a combination is valid.
+
+This module is imported by the CLI: it must not import torch or ultralytics.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Mapping
+
+
+class UsageError(ValueError):
+    """A user error: a bad flag, KEY=VALUE, path or profile. Shown as one line, exit code 2."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One validated settings profile (the values before the user's overrides)."""
+
+    name: str
+    summary: str
+    default_workers: int  # workers when --workers is not given
+    max_workers: int | None  # hard cap on train workers (None: as requested)
+    val_workers_cap: int | None  # cap on the validation loader (None: Ultralytics' 2 x workers)
+    persistent_workers: bool
+    prefetch_factor: int
+    pin_memory: bool | None  # None: Ultralytics decides (on when a GPU is present)
+    timeout: float  # DataLoader timeout in seconds, 0 = wait forever (the watchdog still watches)
+    val: bool  # validation after every epoch (the final validation always runs)
+    env: tuple[tuple[str, str], ...] = ()
+
+    def rows(self) -> list[tuple[str, str]]:
+        """Every setting as (name, value) text, for ``rocm-yolo profiles``."""
+        workers = f"as requested (default {self.default_workers})"
+        if self.max_workers is not None:
+            workers = "0 (no worker process)" if self.max_workers == 0 else f"min(requested, {self.max_workers})"
+        val_workers = "2 x workers (Ultralytics)" if self.val_workers_cap is None else f"<= {self.val_workers_cap}"
+        single = self.max_workers == 0
+        return [
+            ("workers", workers),
+            ("val workers", "0" if single else val_workers),
+            ("start method", "-" if single else "spawn"),
+            ("persistent", "-" if single else str(self.persistent_workers).lower()),
+            ("prefetch_factor", "-" if single else str(self.prefetch_factor)),
+            ("pin_memory", "auto (on with a GPU)" if self.pin_memory is None else str(self.pin_memory).lower()),
+            ("timeout", "-" if single else (f"{self.timeout:g} s" if self.timeout else "none (watchdog)")),
+            ("val", "every epoch" if self.val else "final only"),
+            ("env", " ".join(f"{k}={v}" for k, v in self.env) or "-"),
+        ]
+
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile(
+            name="fast",
+            summary="spawn, persistent workers, validation every epoch",
+            default_workers=4,
+            max_workers=None,
+            val_workers_cap=None,
+            persistent_workers=True,
+            prefetch_factor=4,
+            pin_memory=None,
+            timeout=0,
+            val=True,
+        ),
+        Profile(
+            name="safe",
+            summary="at most 2 fresh workers per epoch, no validation during training",
+            default_workers=2,
+            max_workers=2,
+            val_workers_cap=2,
+            persistent_workers=False,
+            prefetch_factor=2,
+            pin_memory=False,
+            timeout=300,
+            val=False,
+            env=(("OMP_NUM_THREADS", "2"),),
+        ),
+        Profile(
+            name="single",
+            summary="no worker process at all: the guaranteed fallback",
+            default_workers=0,
+            max_workers=0,
+            val_workers_cap=0,
+            persistent_workers=False,
+            prefetch_factor=2,
+            pin_memory=False,
+            timeout=0,
+            val=True,
+        ),
+    )
+}
+DEFAULT_PROFILE = "fast"
+DEFAULT_LADDER = ("fast", "safe", "single")
+
+# KEY=VALUE names that set DataLoader settings (torch's names) rather than Ultralytics train args.
+LOADER_KEYS = frozenset({"persistent_workers", "prefetch_factor", "pin_memory", "timeout", "val_workers", "start_method"})
+START_METHODS = ("spawn", "forkserver", "fork")
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """What the DataLoader patch applies: the merged, validated result for one run."""
+
+    workers: int
+    val_workers: int | None  # None: leave Ultralytics' 2 x workers
+    persistent_workers: bool
+    prefetch_factor: int | None
+    pin_memory: bool | None
+    timeout: float
+    start_method: str = "spawn"
+    start_method_explicit: bool = False  # the user chose it: loaders that set their own keep theirs otherwise
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "LoaderSettings":
+        return cls(**d)
+
+    def describe(self, workers: int | None = None) -> str:
+        """One line: what a loader with ``workers`` workers really uses."""
+        workers = self.workers if workers is None else workers
+        if workers == 0:
+            return "workers=0 (in the main process)"
+        return (
+            f"workers={workers} start={self.start_method} persistent={str(self.persistent_workers).lower()} "
+            f"prefetch={self.prefetch_factor} pin_memory={'auto' if self.pin_memory is None else str(self.pin_memory).lower()}"
+            f" timeout={self.timeout:g}"
+        )
+
+
+@dataclass(frozen=True)
+class Resolved:
+    profile: Profile
+    loader: LoaderSettings
+    val: bool
+    env: dict = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise UsageError(f"unknown profile '{name}': choose one of {', '.join(PROFILES)}") from None
+
+
+def parse_int(key: str, value: object, *, minimum: int = 0) -> int:
+    """An integer setting from a flag or KEY=VALUE; bools and floats with a fraction are rejected."""
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise UsageError(f"{key}={value!r} is not an integer: use e.g. {key}=2")
+    try:
+        n = int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise UsageError(f"{key}={value!r} is not an integer: use e.g. {key}=2") from None
+    if n < minimum:
+        raise UsageError(f"{key}={n} must be >= {minimum}")
+    return n
+
+
+def parse_bool(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in {"true", "1", "yes", "on"}:
+        return True
+    if text in {"false", "0", "no", "off"}:
+        return False
+    raise UsageError(f"{key}={value!r} is not a boolean: use {key}=true or {key}=false")
+
+
+def resolve(
+    profile_name: str,
+    workers: object | None = None,
+    overrides: Mapping[str, object] | None = None,
+    *,
+    val: object | None = None,
+    cpu_count: int | None = None,
+) -> Resolved:
+    """Merge a profile, the --workers flag and loader KEY=VALUE overrides, and validate the result.
+
+    ``overrides`` holds only keys from :data:`LOADER_KEYS`. Raises :class:`UsageError` with a
+    one-line message; returns warnings (e.g. workers capped at the CPU count) for the log.
+    """
+    profile = get_profile(profile_name)
+    overrides = dict(overrides or {})
+    unknown = set(overrides) - LOADER_KEYS
+    if unknown:
+        raise UsageError(f"not a loader setting: {', '.join(sorted(unknown))}")
+    warnings: list[str] = []
+    cpus = cpu_count or os.cpu_count() or 1
+
+    n = profile.default_workers if workers is None else parse_int("workers", workers)
+    if profile.max_workers is not None and n > profile.max_workers:
+        if workers is not None and profile.max_workers == 0:
+            warnings.append(f"profile 'single' runs without worker processes: workers={n} ignored")
+        elif workers is not None:
+            warnings.append(f"profile '{profile.name}' caps workers at {profile.max_workers}: workers={n} -> {profile.max_workers}")
+        n = profile.max_workers
+    if n > cpus:
+        warnings.append(f"workers={n} is more than the {cpus} CPUs here: capped at {cpus}")
+        n = cpus
+
+    persistent = profile.persistent_workers
+    prefetch: int | None = profile.prefetch_factor
+    if "persistent_workers" in overrides:
+        persistent = parse_bool("persistent_workers", overrides["persistent_workers"])
+        if persistent and n == 0:
+            raise UsageError("persistent_workers=true needs workers > 0: drop it or set --workers")
+    if "prefetch_factor" in overrides:
+        prefetch = parse_int("prefetch_factor", overrides["prefetch_factor"], minimum=1)
+        if n == 0:
+            raise UsageError("prefetch_factor needs workers > 0: drop it or set --workers")
+    pin = profile.pin_memory
+    if "pin_memory" in overrides:
+        pin = parse_bool("pin_memory", overrides["pin_memory"])
+    timeout = profile.timeout
+    if "timeout" in overrides:
+        try:
+            timeout = float(overrides["timeout"])  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise UsageError(f"timeout={overrides['timeout']!r} is not a number of seconds") from None
+        if timeout < 0:
+            raise UsageError(f"timeout={timeout:g} must be >= 0 (0 waits forever)")
+    start_method, explicit = "spawn", False
+    if "start_method" in overrides:
+        start_method, explicit = str(overrides["start_method"]), True
+        if start_method not in START_METHODS:
+            raise UsageError(f"start_method={start_method!r}: choose one of {', '.join(START_METHODS)}")
+        if start_method == "fork":
+            warnings.append("start_method=fork: DataLoader workers inherit GPU runtime state and may hang")
+
+    val_workers = profile.val_workers_cap
+    if "val_workers" in overrides:
+        val_workers = parse_int("val_workers", overrides["val_workers"])
+    if val_workers is not None:
+        val_workers = min(val_workers, cpus) if n else 0
+
+    if n == 0:  # torch rejects these with num_workers=0
+        persistent, prefetch = False, None
+
+    do_val = profile.val if val is None else parse_bool("val", val)
+    loader = LoaderSettings(
+        workers=n,
+        val_workers=val_workers,
+        persistent_workers=persistent,
+        prefetch_factor=prefetch,
+        pin_memory=pin,
+        timeout=timeout,
+        start_method=start_method,
+        start_method_explicit=explicit,
+    )
+    return Resolved(profile=profile, loader=loader, val=do_val, env=dict(profile.env), warnings=tuple(warnings))
+
+
+def next_profile(current: str, ladder: tuple[str, ...]) -> str:
+    """The profile after ``current`` on the fallback ladder (the last one repeats)."""
+    if current in ladder:
+        i = ladder.index(current)
+        return ladder[min(i + 1, len(ladder) - 1)]
+    return ladder[0]
+
+
+def parse_ladder(text: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not names:
+        raise UsageError("--fallback needs at least one profile, e.g. --fallback fast,safe,single")
+    for name in names:
+        get_profile(name)
+    return names
+
+
+__all__ = [
+    "DEFAULT_LADDER",
+    "DEFAULT_PROFILE",
+    "LOADER_KEYS",
+    "LoaderSettings",
+    "PROFILES",
+    "Profile",
+    "Resolved",
+    "UsageError",
+    "get_profile",
+    "next_profile",
+    "parse_ladder",
+    "resolve",
+]

@@ -1,0 +1,86 @@
+"""RunSpec: everything the training child needs, in one frozen, JSON-serialisable record.
+
+The CLI (or the Python API) builds a spec from the profile, flags and KEY=VALUE arguments;
+the supervisor writes it into the run directory and starts ``python -m rocm_yolo._child
+SPEC.json``. Nothing reaches the child by accident: what it needs travels here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from rocm_yolo.heartbeat import write_atomic
+from rocm_yolo.profiles import LoaderSettings
+
+STATE_DIRNAME = "rocm_yolo"  # rocm-yolo's own files inside an Ultralytics run directory
+LOG_NAME = "rocm-yolo.log"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    data: str
+    model: str
+    run_dir: str
+    profile: str
+    loader: LoaderSettings
+    val: bool
+    train_args: dict  # Ultralytics train arguments (epochs, imgsz, batch, device, user KEY=VALUE, ...)
+    user_keys: tuple[str, ...] = ()  # keys the user set explicitly (presets never override them)
+    env: dict = field(default_factory=dict)  # environment the profile sets (user's own variables win)
+    resume: str | None = None  # checkpoint to resume from
+    conv: str = "auto"
+    attempt: int = 1
+    notes: tuple[str, ...] = ()  # lines for the header (e.g. warnings from resolving the profile)
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.run_dir) / STATE_DIRNAME
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.run_dir) / LOG_NAME
+
+    @property
+    def weights_dir(self) -> Path:
+        return Path(self.run_dir) / "weights"
+
+    def with_changes(self, **changes) -> "RunSpec":
+        return replace(self, **changes)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        return json.dumps(d, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunSpec":
+        d = json.loads(text)
+        d["loader"] = LoaderSettings.from_dict(d["loader"])
+        d["user_keys"] = tuple(d.get("user_keys", ()))
+        d["notes"] = tuple(d.get("notes", ()))
+        return cls(**d)
+
+    def save(self) -> Path:
+        """Write ``spec-<attempt>.json`` into the run's state directory and return its path."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        path = self.state_dir / f"spec-{self.attempt}.json"
+        write_atomic(path, self.to_json())
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "RunSpec":
+        return cls.from_json(Path(path).read_text())
+
+
+def latest_spec(run_dir: str | os.PathLike) -> RunSpec | None:
+    """The spec of the newest attempt recorded in ``run_dir``, if rocm-yolo made that run."""
+    state = Path(run_dir) / STATE_DIRNAME
+    specs = sorted(state.glob("spec-*.json"), key=lambda p: int(p.stem.split("-")[1]) if p.stem[5:].isdigit() else 0)
+    for path in reversed(specs):
+        try:
+            return RunSpec.load(path)
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+    return None

@@ -1,0 +1,76 @@
+"""``rocm-yolo status [RUN_DIR]``: how a run is doing, readable from another terminal."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from rocm_yolo import exitcodes, heartbeat
+from rocm_yolo.profiles import UsageError
+from rocm_yolo.spec import STATE_DIRNAME
+from rocm_yolo.supervisor import read_state
+
+import psutil
+
+
+def newest_run(root: Path = Path("runs")) -> Path | None:
+    beats = [p for p in root.glob(f"**/{STATE_DIRNAME}/{heartbeat.FILENAME}") if p.is_file()]
+    newest = max(beats, key=lambda p: p.stat().st_mtime, default=None)
+    return newest.parent.parent if newest else None
+
+
+def _alive(pid) -> bool:
+    try:
+        return bool(pid) and psutil.pid_exists(int(pid)) and psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def collect(run_dir: Path, now: float | None = None) -> dict:
+    now = time.time() if now is None else now
+    hb = heartbeat.read(run_dir / STATE_DIRNAME / heartbeat.FILENAME)
+    sup = read_state(run_dir) or {}
+    info: dict = {"run_dir": str(run_dir), "state": sup.get("state", "unknown"), "profile": sup.get("profile"),
+                  "restarts": sup.get("restarts", 0), "hangs": len(sup.get("hangs", [])),
+                  "lost_seconds": sup.get("lost_seconds", 0.0)}
+    if sup.get("state") == "running" and not _alive(sup.get("supervisor_pid")):
+        info["state"] = "stopped"  # the supervisor is gone without writing a final state (killed -9?)
+    if hb is not None:
+        age = now - hb.time
+        info.update(phase=hb.phase, epoch=hb.epoch, epochs=hb.epochs, batch=hb.batch, batches=hb.batches,
+                    it_s=hb.it_s, heartbeat_age=round(age, 1), attempt=hb.attempt)
+        if info["state"] == "running" and hb.phase != "done" and age > 60 and hb.step_max * 10 < age:
+            info["state"] = "stalled?"
+        if hb.it_s > 0 and hb.batches and hb.epochs and hb.phase == "train":
+            left = (hb.batches - hb.batch) + (hb.epochs - hb.epoch) * hb.batches
+            info["eta_seconds"] = round(left / hb.it_s)
+    return info
+
+
+def render(info: dict) -> str:
+    lines = [f"run:       {info['run_dir']}", f"state:     {info['state']}"
+             + (f" (restarted {info['restarts']} times)" if info.get("restarts") else "")]
+    if "epoch" in info:
+        lines.append(f"progress:  epoch {info['epoch']}/{info['epochs']}, {info['phase']} batch {info['batch']}/{info['batches']}")
+        eta = info.get("eta_seconds")
+        lines.append(f"speed:     {info['it_s']:.2f} it/s" + (f", ETA {_hms(eta)}" if eta is not None else ""))
+        lines.append(f"heartbeat: {info['heartbeat_age']:.0f} s ago (attempt {info['attempt']}, profile {info['profile']})")
+    lines.append(f"hangs:     {info['hangs']}, {info['lost_seconds']:.0f} s lost")
+    return "\n".join(lines)
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def main(run_dir: str | None, as_json: bool = False) -> int:
+    path = Path(run_dir) if run_dir else newest_run()
+    if path is None:
+        raise UsageError("no run found under runs/: pass the run directory, e.g. rocm-yolo status runs/detect/train")
+    if not (path / STATE_DIRNAME).is_dir():
+        raise UsageError(f"{path} is not a rocm-yolo run directory (no {STATE_DIRNAME}/ inside)")
+    info = collect(path)
+    print(json.dumps(info, indent=2) if as_json else render(info))
+    return exitcodes.OK
