@@ -53,7 +53,7 @@ def _add_train(sub) -> None:
     w.add_argument("--stall-timeout", type=float, default=180.0, metavar="SECONDS",
                    help="a hang is no progress for this long at least (default: 180; grows with slow steps)")
     w.add_argument("--startup-grace", type=float, default=900.0, metavar="SECONDS",
-                   help="allowance before the first batch and after each phase change (default: 900)")
+                   help="allowance before the first training batch of each attempt (default: 900)")
     w.add_argument("--max-restarts", type=int, default=3, metavar="N", help="restarts after a hang or crash (default: 3)")
     w.add_argument("--fallback", default=",".join(DEFAULT_LADDER), metavar="P1,P2,...",
                    help="profiles to step through on each restart (default: fast,safe,single)")
@@ -158,7 +158,13 @@ def cmd_status(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    # KEY=VALUE may come after options (argparse stops collecting positionals at the first option).
+    stray = [x for x in extras if x.startswith("-") or "=" not in x or args.command != "train"]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if args.command == "train":
+        args.overrides = [*args.overrides, *extras]
     if args.command is None:
         parser.print_help()
         return exitcodes.USAGE

@@ -106,6 +106,8 @@ class HeartbeatWriter:
         dt = now - self.last_step
         self.last_step = now
         self.step_last = dt
+        if self.state["batch"] == 0:
+            return  # the first step of a pass includes worker start-up: not a step time
         self.step_max = max(self.step_max, dt)
         if train and dt > 0:
             self.it_s = 1.0 / dt if self.it_s == 0 else 0.9 * self.it_s + 0.1 / dt
@@ -122,7 +124,7 @@ class HeartbeatWriter:
         self._step()
         self.state["batch"] += 1
         self.state["batches_total"] += 1
-        self.write("train")
+        self.write("train", force=self.state["batch"] == 1)  # the first batch of an epoch is always written
 
     def on_val_start(self, validator) -> None:
         try:
@@ -136,7 +138,7 @@ class HeartbeatWriter:
     def on_val_batch_end(self, validator) -> None:
         self._step(train=False)
         self.state["batch"] += 1
-        self.write("val")
+        self.write("val", force=self.state["batch"] == 1)
 
     def on_model_save(self, trainer) -> None:
         self.write("save", force=True)

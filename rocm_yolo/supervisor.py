@@ -47,7 +47,7 @@ class WatchdogConfig:
     enabled: bool = True
     stall_timeout: float = 180.0  # floor, seconds
     step_multiplier: float = 10.0  # timeout is at least this many slowest recent steps
-    startup_grace: float = 900.0  # before the first batch of an attempt (scan, cache, kernel tuning)
+    startup_grace: float = 900.0  # before the first training batch of an attempt (scan, cache, kernel tuning)
     max_restarts: int = 3
     ladder: tuple[str, ...] = DEFAULT_LADDER
     poll_interval: float = 0.5
@@ -79,17 +79,16 @@ class StallDetector:
     """Decides whether a run has stopped making progress; knows nothing about processes.
 
     Progress is a new heartbeat sequence number. The timeout adapts to the run: the larger of
-    the floor and ``step_multiplier`` times the slowest step seen in the recent heartbeats;
-    until the first training batch of the attempt and right after each phase change (new
-    epoch, validation, save: fresh workers may be starting) the startup grace applies.
+    the floor and ``step_multiplier`` times the slowest step seen in the recent heartbeats
+    (the first step of a pass, which includes worker start-up, is not counted by the writer).
+    Until the first training batch of the attempt, the startup grace applies (data set scan
+    and cache, worker start-up, GPU kernel tuning).
     """
 
     def __init__(self, config: WatchdogConfig, now: float, window: int = 30):
         self.config = config
         self.last_progress = now
         self.last_seq: int | None = None
-        self.last_phase: str | None = None
-        self.in_phase_events = 0
         self.trained = False
         self.steps: deque[float] = deque(maxlen=window)
 
@@ -99,10 +98,6 @@ class StallDetector:
             return False
         self.last_seq = hb.seq
         self.last_progress = now
-        if hb.phase != self.last_phase:
-            self.last_phase, self.in_phase_events = hb.phase, 0
-        elif hb.batch:
-            self.in_phase_events += 1
         if hb.batches_total > 0:
             self.trained = True
         if hb.step_max > 0:
@@ -111,7 +106,7 @@ class StallDetector:
 
     def timeout(self) -> float:
         t = max(self.config.stall_timeout, self.config.step_multiplier * max(self.steps, default=0.0))
-        if not self.trained or self.in_phase_events == 0:
+        if not self.trained:
             t = max(t, self.config.startup_grace)
         return t
 
@@ -193,6 +188,7 @@ class Supervisor:
                     self.log.event("leftover", f"processes still alive after SIGKILL (stuck in the kernel?): {left}",
                                    pids=left)
             if outcome == State.SUCCEEDED:
+                self._drop_good_copy(spec)
                 return self._finish("finished", exitcodes.OK, spec)
             if outcome == "interrupted":
                 return self._interrupted(spec)
@@ -291,6 +287,12 @@ class Supervisor:
         val = spec.val if "val" in spec.user_keys else resolved.val
         return spec.with_changes(profile=profile, loader=resolved.loader, val=val, env={**spec.env, **resolved.env},
                                  resume=resume, attempt=spec.attempt + 1, train_args=train_args)
+
+    def _drop_good_copy(self, spec: RunSpec) -> None:
+        """A finished run cannot be resumed: its verified resume copy only takes disk space."""
+        last = spec.weights_dir / "last.pt"
+        if checkpoints.verify(last) is None:
+            (spec.weights_dir / checkpoints.GOOD_NAME).unlink(missing_ok=True)
 
     # results -------------------------------------------------------------------------------
     def _finish(self, state: str, code: int, spec: RunSpec) -> RunResult:
