@@ -1,0 +1,243 @@
+"""Architecture detection from a fake KFD tree, gfx101x presets, and the conv self-test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rocm_yolo import convtest, rocm
+from rocm_yolo.rocm import GpuNode, Preset, detect_arch, detect_gpus, header_lines, presets
+
+CPU_NODE = "cpu_cores_count 16\nsimd_count 0\ngfx_target_version 0\nvendor_id 0\ndevice_id 0\n"
+
+
+def gpu_node(version: int, device_id: int = 0x731F, minor: int = 128) -> str:
+    return (
+        f"cpu_cores_count 0\nsimd_count 72\nsimd_per_cu 2\nmax_waves_per_simd 20\n"
+        f"gfx_target_version {version}\nvendor_id 4098\ndevice_id {device_id}\n"
+        f"location_id 768\ndrm_render_minor {minor}\nnum_xcc 1\n"
+    )
+
+
+def make_tree(root: Path, nodes: dict[int, tuple[str, str | None]]) -> Path:
+    """Write a fake ``topology/nodes`` tree: {index: (properties text, name or None)}."""
+    base = root / "nodes"
+    for index, (props, name) in nodes.items():
+        node = base / str(index)
+        node.mkdir(parents=True)
+        (node / "properties").write_text(props)
+        if name is not None:
+            (node / "name").write_text(name + "\n")
+    return base
+
+
+# ------------------------------------------------------------------ detection
+
+
+@pytest.mark.parametrize(
+    "version, arch",
+    [(100100, "gfx1010"), (100102, "gfx1012"), (100300, "gfx1030"), (110000, "gfx1100"),
+     (90010, "gfx90a"), (90008, "gfx908"), (90402, "gfx942"), (120001, "gfx1201"), (90006, "gfx906")],
+)
+def test_arch_from_target_version(version, arch):
+    assert rocm.arch_from_target_version(version) == arch
+
+
+def test_cpu_target_version_is_not_an_arch():
+    with pytest.raises(ValueError, match="CPU"):
+        rocm.arch_from_target_version(0)
+
+
+def test_detect_gpus_skips_cpu_nodes_and_reads_properties(tmp_path):
+    base = make_tree(tmp_path, {0: (CPU_NODE, ""), 1: (gpu_node(100100), "gfx1010"),
+                                2: (gpu_node(90010, 0x740F, 129), None)})
+    gpus = detect_gpus(base)
+    assert [g.arch for g in gpus] == ["gfx1010", "gfx90a"]
+    first = gpus[0]
+    assert first == GpuNode(node=1, gfx_target_version=100100, arch="gfx1010", name="gfx1010", vendor_id=0x1002,
+                            device_id=0x731F, simd_count=72, compute_units=36, drm_render_minor=128, location_id=768)
+    assert first.render_device == "/dev/dri/renderD128" and first.family == "gfx101x"
+    assert gpus[1].name is None and gpus[1].node == 2
+    assert detect_arch(base) == "gfx1010"
+
+
+def test_nodes_are_ordered_numerically_and_bad_ones_skipped(tmp_path):
+    base = make_tree(tmp_path, {10: (gpu_node(110000), "gfx1100"), 2: (gpu_node(100100), "gfx1010"),
+                                3: ("garbage without numbers\n", None)})
+    (base / "4").mkdir()  # no properties file
+    (base / "notanode").mkdir()
+    assert [g.node for g in detect_gpus(base)] == [2, 10]
+
+
+def test_no_driver_or_only_cpus_means_no_arch(tmp_path):
+    assert detect_gpus(tmp_path / "missing") == []
+    assert detect_arch(tmp_path / "missing") is None
+    assert detect_arch(make_tree(tmp_path, {0: (CPU_NODE, "")})) is None
+
+
+def test_root_from_environment(tmp_path, monkeypatch):
+    base = make_tree(tmp_path, {0: (CPU_NODE, ""), 1: (gpu_node(100102), "gfx1012")})
+    monkeypatch.setenv("ROCM_YOLO_KFD_ROOT", str(base))
+    assert detect_arch() == "gfx1012"
+
+
+def test_cli_modules_never_import_torch():
+    code = ("import sys, rocm_yolo.rocm, rocm_yolo.convtest; rocm_yolo.rocm.detect_arch();"
+            "rocm_yolo.rocm.torch_build(); assert 'torch' not in sys.modules, 'torch imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_torch_build_reads_versions_without_import():
+    import torch
+
+    build = rocm.torch_build()
+    assert build == {"torch": torch.__version__, "cuda": torch.version.cuda, "hip": torch.version.hip}
+
+
+def test_torch_view_is_safe_on_cpu():
+    import torch
+
+    view = rocm.torch_view()
+    assert view["torch"] == torch.__version__ and view["hip"] == torch.version.hip
+    if not torch.cuda.is_available():
+        assert view["available"] is False and view["devices"] == []
+
+
+# ------------------------------------------------------------------ presets
+
+ENV = {"HOME": "/home/ann"}
+
+
+def _by_key(items: list[Preset]) -> dict[str, Preset]:
+    return {p.key: p for p in items}
+
+
+def test_gfx1010_presets():
+    got = _by_key(presets("gfx1010", {}, ENV))
+    assert {k: (p.kind, p.value) for k, p in got.items()} == {
+        "amp": ("arg", False),
+        "channels_last": ("arg", False),
+        "pin_memory": ("loader", False),
+        "conv": ("tool", "auto"),
+        "MIOPEN_USER_DB_PATH": ("env", "/home/ann/.cache/rocm-yolo/miopen/gfx1010/db"),
+        "MIOPEN_CUSTOM_CACHE_DIR": ("env", "/home/ann/.cache/rocm-yolo/miopen/gfx1010/cache"),
+    }
+    assert not any(p.user_set for p in got.values())
+    assert all(p.reason for p in got.values())
+
+
+def test_user_settings_are_marked_not_overridden():
+    env = {**ENV, "MIOPEN_USER_DB_PATH": "/tmp/db", "XDG_CACHE_HOME": "/var/cache/ann"}
+    got = _by_key(presets("gfx1012", {"amp": True, "pin_memory": True, "conv": "gemm", "channels_last": None}, env))
+    assert got["amp"].user_set and got["pin_memory"].user_set and got["conv"].user_set
+    assert got["amp"].value is False  # the preset's value; the caller keeps the user's
+    assert not got["channels_last"].user_set  # None is Ultralytics' "not set"
+    assert got["MIOPEN_USER_DB_PATH"].user_set and not got["MIOPEN_CUSTOM_CACHE_DIR"].user_set
+    assert got["MIOPEN_CUSTOM_CACHE_DIR"].value == "/var/cache/ann/rocm-yolo/miopen/gfx1012/cache"
+
+
+def test_miopen_cache_is_kept_apart_per_hsa_override():
+    got = _by_key(presets("gfx1010", {}, {**ENV, "HSA_OVERRIDE_GFX_VERSION": "10.3.0"}))
+    assert got["MIOPEN_CUSTOM_CACHE_DIR"].value == "/home/ann/.cache/rocm-yolo/miopen/gfx1010-hsa10.3.0/cache"
+
+
+@pytest.mark.parametrize("arch", [None, "gfx1030", "gfx1100", "gfx90a", "gfx10100"])
+def test_no_presets_on_cpu_cuda_or_other_archs(arch):
+    assert presets(arch, {"amp": True}, ENV) == []
+    assert rocm.override_advice(arch, ENV) is None
+
+
+def test_header_lines_mark_user_settings():
+    items = presets("gfx1010", {"amp": True}, ENV)
+    lines = header_lines("gfx1010", items)
+    assert lines[0].startswith("GPU architecture: gfx1010")
+    amp = next(line for line in lines if " amp" in line)
+    assert "user-set" in amp and "False" in amp
+    assert any("channels_last=False" in line and "preset:" in line for line in lines)
+    assert header_lines(None, []) == ["GPU architecture: none detected (no presets)"]
+
+
+def test_override_advice():
+    assert "not set" in rocm.override_advice("gfx1010", ENV)
+    assert "10.3.0" in rocm.override_advice("gfx1010", {"HSA_OVERRIDE_GFX_VERSION": "10.3.0"})
+
+
+# ------------------------------------------------------------------ self-test and strategy choice
+
+
+def test_selftest_on_cpu_all_strategies_pass():
+    results = convtest.run_selftest("cpu", timeout=120)
+    assert list(results) == list(convtest.STRATEGIES)
+    for strategy, r in results.items():
+        assert r["ok"], (strategy, r)
+        assert r["error"] is None and r["max_err"] < 1e-4
+
+
+def test_selftest_survives_raise_abort_and_hang(monkeypatch):
+    monkeypatch.setenv("ROCM_YOLO_CONVTEST_FAULT", "native=abort,aten=raise,fp32=hang")
+    results = convtest.run_selftest("cpu", timeout=4)
+    assert not results["native"]["ok"] and "SIGABRT" in results["native"]["error"]
+    assert "Memory access fault" in results["native"]["error"]
+    assert "invalid device function" in results["aten"]["error"]
+    assert "timed out" in results["fp32"]["error"]
+    assert "not run" in results["gemm"]["error"]
+
+
+def test_explicit_and_non_rocm_requests():
+    assert convtest.resolve_strategy("gemm", "gfx1010") == ("gemm", "gemm (requested)")
+    assert convtest.resolve_strategy("auto", None)[0] == "native"
+    if rocm.torch_build()["hip"] is None:  # this machine's torch is not a ROCm build
+        strategy, why = convtest.resolve_strategy("auto", "gfx1010")
+        assert strategy == "native" and "not a ROCm build" in why
+    with pytest.raises(ValueError, match="auto or one of"):
+        convtest.resolve_strategy("fastest", "gfx1010")
+
+
+FAKE_ROCM = {"torch": "2.14.1+rocm6.4", "hip": "6.4.1", "cuda": None}
+
+
+def _resolve(cache: Path):
+    return convtest._resolve_on_rocm("gfx1010", FAKE_ROCM, cache / convtest.CACHE_FILE, device="cpu",
+                                     timeout=60, amp=False)
+
+
+def test_auto_falls_back_in_order_and_caches(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROCM_YOLO_CONVTEST_FAULT", "native=raise,aten=abort")
+    strategy, why = _resolve(tmp_path)
+    assert strategy == "fp32"
+    assert "native failed: RuntimeError: HIP error: invalid device function" in why and "aten failed" in why
+    data = json.loads((tmp_path / convtest.CACHE_FILE).read_text())
+    (entry,) = data.values()
+    assert entry["strategy"] == "fp32" and set(entry["results"]) == {"native", "aten", "fp32"}
+    assert [p.name for p in tmp_path.iterdir()] == [convtest.CACHE_FILE]  # no temporary left over
+
+    monkeypatch.setenv("ROCM_YOLO_CONVTEST_FAULT", "native=hang,aten=hang,fp32=hang,gemm=hang")
+    strategy, why = _resolve(tmp_path)  # answered from the cache: nothing runs (or hangs)
+    assert strategy == "fp32" and "cached" in why
+
+
+def test_cache_key_separates_hsa_override_and_survives_corruption(tmp_path, monkeypatch):
+    (tmp_path / convtest.CACHE_FILE).write_text("{not json")
+    monkeypatch.setenv("ROCM_YOLO_CONVTEST_FAULT", "native=raise")
+    assert _resolve(tmp_path)[0] == "aten"
+    monkeypatch.setenv("HSA_OVERRIDE_GFX_VERSION", "10.3.0")
+    monkeypatch.delenv("ROCM_YOLO_CONVTEST_FAULT")
+    assert _resolve(tmp_path)[0] == "native"
+    assert len(json.loads((tmp_path / convtest.CACHE_FILE).read_text())) == 2
+
+
+def test_no_working_strategy_is_an_error_and_not_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROCM_YOLO_CONVTEST_FAULT", "native=raise,aten=raise,fp32=raise,gemm=raise")
+    with pytest.raises(convtest.SelfTestError, match="no convolution strategy works on gfx1010"):
+        _resolve(tmp_path)
+    assert not (tmp_path / convtest.CACHE_FILE).exists()
+
+
+def test_cache_dir_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROCM_YOLO_CACHE_DIR", str(tmp_path / "c"))
+    assert convtest.default_cache_dir() == tmp_path / "c"
