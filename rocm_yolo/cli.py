@@ -46,7 +46,7 @@ def _add_train(sub) -> None:
     p.add_argument("--name", metavar="NAME", help="run name (default: train, train-2, ...)")
     p.add_argument("--resume", nargs="?", const=True, metavar="LAST_PT",
                    help="continue a run from its last.pt (default: the newest under the project)")
-    p.add_argument("--conv", default="auto", choices=["auto", "native", "aten", "fp32", "gemm"],
+    p.add_argument("--conv", choices=["auto", "native", "aten", "fp32", "gemm"],
                    help="Conv2d strategy for GPUs whose MIOpen convolutions fail (default: auto)")
     w = p.add_argument_group("watchdog")
     w.add_argument("--no-watchdog", action="store_true", help="no stall detection and no automatic restarts")

@@ -101,7 +101,7 @@ def make_spec(
     project: str | None = None,
     name: str | None = None,
     resume: str | bool | None = None,
-    conv: str = "auto",
+    conv: str | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> RunSpec:
     """Validate everything the user gave and return the spec of the first attempt."""
@@ -120,7 +120,7 @@ def make_spec(
         if data is not None:
             raise UsageError("'data' is given twice (as DATA and data=): keep one")
         data = str(extra.pop("data"))
-    if conv not in CONV_STRATEGIES:
+    if conv is not None and conv not in CONV_STRATEGIES:
         raise UsageError(f"--conv {conv}: choose one of {', '.join(CONV_STRATEGIES)}")
     loader_overrides = {k: extra.pop(k) for k in list(extra) if k in LOADER_KEYS}
     val = extra.pop("val", None)
@@ -132,6 +132,8 @@ def make_spec(
     user_keys = {k for k, v in flags.items() if v is not None} | set(extra) | set(loader_overrides)
     if val is not None:
         user_keys.add("val")
+    if conv is not None:
+        user_keys.add("conv")
 
     notes: list[str] = []
     previous = None
@@ -185,7 +187,7 @@ def make_spec(
         user_keys=tuple(sorted(user_keys)),
         env=resolved.env,
         resume=str(ckpt) if ckpt else None,
-        conv=conv,
+        conv=conv or "auto",
         attempt=(previous.attempt + 1) if previous else 1,
         notes=tuple(notes),
     )
@@ -214,7 +216,7 @@ def train(
     startup_grace: float | None = None,
     max_restarts: int = 3,
     fallback: tuple[str, ...] | str = DEFAULT_LADDER,
-    conv: str = "auto",
+    conv: str | None = None,
     resume: str | bool | None = None,
     **kwargs: Any,
 ) -> RunResult:

@@ -41,7 +41,7 @@ def prepare_environment(spec: RunSpec, environ=os.environ) -> Environment:
     for key, value in spec.env.items():
         environ.setdefault(key, value)
     arch = rocm.detect_arch()
-    user_args = {k: spec.train_args.get(k, True) for k in spec.user_keys}
+    user_args = {k: spec.conv if k == "conv" else spec.train_args.get(k, True) for k in spec.user_keys}
     found = rocm.presets(arch, user_args, environ)
     env = Environment(arch=arch, presets=found, loader=spec.loader, conv=spec.conv)
     for p in found:
@@ -49,6 +49,10 @@ def prepare_environment(spec: RunSpec, environ=os.environ) -> Environment:
             continue
         if p.kind == "env":
             environ[p.key] = str(p.value)
+            if p.key.startswith("MIOPEN_") and p.key.endswith(("_PATH", "_DIR")):
+                os.makedirs(str(p.value), exist_ok=True)
+        elif p.kind == "tool" and p.key == "conv":
+            env.conv = str(p.value)
         elif p.kind == "arg":
             env.args[p.key] = p.value
         elif p.kind == "loader" and p.key in LoaderSettings.__dataclass_fields__:
@@ -86,6 +90,9 @@ def header_lines(spec: RunSpec, env: Environment, conv_line: str) -> list[str]:
         f"conv: {conv_line}",
     ]
     lines += rocm.header_lines(env.arch, env.presets)
+    advice = rocm.override_advice(env.arch, os.environ)
+    if advice:
+        lines.append(advice)
     lines += list(spec.notes)
     return lines
 

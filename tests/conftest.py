@@ -1,0 +1,89 @@
+"""Shared fixtures: a tiny real data set, running the real CLI, counting leftover processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rocm_yolo.demo import write_demo
+
+TAG_VAR = "ROCM_YOLO_TEST_TAG"
+# Small enough for a 2-core CPU: 16 train images at imgsz 32, batch 4 -> 4 batches an epoch.
+TINY = ["--device", "cpu", "--imgsz", "32", "--batch", "4", "plots=False"]
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> Path:
+    return write_demo(tmp_path_factory.mktemp("data") / "tiny", train=16, val=8, size=64)
+
+
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    """Processes whose environment carries ``tag``: the CLI, the trainer, its workers, helpers."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != os.getpid() and proc.environ().get(TAG_VAR) == tag:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+class Cli:
+    """Runs the real ``rocm-yolo`` in a subprocess, with a tag to find every process it made."""
+
+    def __init__(self, cwd: Path):
+        self.cwd = cwd
+        self.tag = uuid.uuid4().hex
+        self.env = {**os.environ, TAG_VAR: self.tag, "PYTHONUNBUFFERED": "1"}
+        self.env.pop("ROCM_YOLO_FAULT", None)
+
+    def start(self, *args: str, env: dict | None = None) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "rocm_yolo", *args], cwd=self.cwd, env={**self.env, **(env or {})},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+
+    def run(self, *args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+        proc = self.start(*args, env=env)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_all()
+            out, _ = proc.communicate()
+            raise AssertionError(f"rocm-yolo {' '.join(args)} did not finish in {timeout} s:\n{out[-4000:]}")
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+    def leftovers(self, settle: float = 5.0) -> list[psutil.Process]:
+        deadline = time.monotonic() + settle
+        while True:
+            left = [p for p in tagged_processes(self.tag) if p.status() != psutil.STATUS_ZOMBIE]
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.2)
+
+    def kill_all(self) -> None:
+        for proc in tagged_processes(self.tag):
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+
+
+@pytest.fixture
+def cli(tmp_path):
+    c = Cli(tmp_path)
+    yield c
+    c.kill_all()  # never leave a training run behind, whatever the test did
+
+
+def rocm_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("rocm-yolo:")]

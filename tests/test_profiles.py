@@ -1,0 +1,88 @@
+"""Profiles and the one place where loader settings are validated."""
+
+import dataclasses
+
+import pytest
+
+from rocm_yolo.profiles import PROFILES, UsageError, next_profile, parse_ladder, resolve
+
+
+def test_profiles_are_frozen_and_match_the_issue():
+    fast, safe, single = PROFILES["fast"], PROFILES["safe"], PROFILES["single"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.prefetch_factor = 8
+    assert (fast.default_workers, fast.persistent_workers, fast.prefetch_factor, fast.val) == (4, True, 4, True)
+    assert (safe.max_workers, safe.persistent_workers, safe.prefetch_factor, safe.pin_memory, safe.val) == (
+        2, False, 2, False, False)
+    assert dict(safe.env) == {"OMP_NUM_THREADS": "2"}
+    assert (single.max_workers, single.val) == (0, True)
+    for p in PROFILES.values():  # every profile states its cap for the validation loader
+        assert "val workers" in dict(p.rows())
+
+
+def test_fast_takes_requested_workers_with_spawn_and_persistence():
+    r = resolve("fast", 2, cpu_count=8)
+    assert r.loader.workers == 2 and r.loader.start_method == "spawn"
+    assert r.loader.persistent_workers and r.loader.prefetch_factor == 4 and r.val
+    assert resolve("fast", None, cpu_count=8).loader.workers == 4
+
+
+def test_safe_caps_workers_and_turns_validation_off():
+    r = resolve("safe", 8, cpu_count=16)
+    assert r.loader.workers == 2 and not r.loader.persistent_workers and r.loader.prefetch_factor == 2
+    assert r.loader.pin_memory is False and r.val is False and r.env == {"OMP_NUM_THREADS": "2"}
+    assert any("caps workers at 2" in w for w in r.warnings)
+
+
+def test_single_has_no_worker_settings_torch_would_reject():
+    r = resolve("single", None, cpu_count=4)
+    assert r.loader.workers == 0 and r.loader.prefetch_factor is None and not r.loader.persistent_workers
+    assert r.loader.val_workers == 0
+
+
+def test_workers_above_cpu_count_warn_and_cap():
+    r = resolve("fast", 64, cpu_count=2)
+    assert r.loader.workers == 2
+    assert any("more than the 2 CPUs" in w for w in r.warnings)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"workers": -1}, "workers=-1 must be >= 0"),
+        ({"workers": "two"}, "is not an integer"),
+        ({"workers": 1.5}, "is not an integer"),
+        ({"workers": True}, "is not an integer"),
+        ({"workers": 0, "overrides": {"prefetch_factor": 2}}, "prefetch_factor needs workers > 0"),
+        ({"workers": 0, "overrides": {"persistent_workers": True}}, "persistent_workers=true needs workers > 0"),
+        ({"overrides": {"prefetch_factor": 0}}, "prefetch_factor=0 must be >= 1"),
+        ({"overrides": {"timeout": -3}}, "must be >= 0"),
+        ({"overrides": {"start_method": "thread"}}, "choose one of spawn"),
+        ({"overrides": {"persistent_workers": "maybe"}}, "is not a boolean"),
+    ],
+)
+def test_bad_settings_are_one_line_usage_errors(kwargs, message):
+    with pytest.raises(UsageError) as e:
+        resolve("fast", kwargs.get("workers"), kwargs.get("overrides"), cpu_count=8)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unknown_profile():
+    with pytest.raises(UsageError, match="unknown profile 'turbo'"):
+        resolve("turbo")
+
+
+def test_overrides_merge_onto_the_profile():
+    r = resolve("safe", 2, {"persistent_workers": "true", "prefetch_factor": 3, "pin_memory": True}, cpu_count=4)
+    assert r.loader.persistent_workers and r.loader.prefetch_factor == 3 and r.loader.pin_memory is True
+    fork = resolve("fast", 1, {"start_method": "fork"}, cpu_count=4)
+    assert fork.loader.start_method == "fork" and fork.loader.start_method_explicit
+    assert any("fork" in w for w in fork.warnings)
+
+
+def test_fallback_ladder():
+    assert parse_ladder("fast, safe,single") == ("fast", "safe", "single")
+    assert next_profile("fast", ("fast", "safe", "single")) == "safe"
+    assert next_profile("single", ("fast", "safe", "single")) == "single"
+    with pytest.raises(UsageError):
+        parse_ladder("fast,warp")
