@@ -1,2 +1,20 @@
-"""rocm-yolo: dependable Ultralytics YOLO training on AMD GPUs with ROCm."""
+"""rocm-yolo: dependable Ultralytics YOLO training on AMD GPUs with ROCm.
+
+``rocm_yolo.train(data=..., workers=4, profile="fast", ...)`` runs the same supervised child
+process as ``rocm-yolo train``. Importing this package imports neither torch nor ultralytics.
+"""
+
 __version__ = "0.1.0"
+__all__ = ["train", "UsageError", "__version__"]
+
+
+def __getattr__(name):  # PEP 562: keep `import rocm_yolo` light (spawned workers import it too)
+    if name == "train":
+        from rocm_yolo.launch import train
+
+        return train
+    if name == "UsageError":
+        from rocm_yolo.profiles import UsageError
+
+        return UsageError
+    raise AttributeError(f"module 'rocm_yolo' has no attribute {name!r}")

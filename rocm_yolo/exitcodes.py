@@ -8,6 +8,7 @@ TERMINATED = 143  # SIGTERM
 
 # Between the supervisor and its child only:
 CHILD_FINISHED = 3  # the checkpoint to resume belongs to a run that has already finished
+CHILD_SETUP_FAILED = 4  # an error before training started (e.g. a download while offline): a restart won't help
 
 HELP = (
     "exit codes: 0 done; 1 failed after retries or a training error; 2 usage error; "

@@ -10,13 +10,15 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from rocm_yolo import rocm
+from rocm_yolo.heartbeat import write_atomic
 from rocm_yolo.log import RunLog
 from rocm_yolo.profiles import LoaderSettings
 from rocm_yolo.spec import RunSpec
 
-from rocm_yolo.exitcodes import CHILD_FINISHED, OK, USAGE
+from rocm_yolo.exitcodes import CHILD_FINISHED, CHILD_SETUP_FAILED, OK, USAGE
 
 # Errors Ultralytics raises for bad data or arguments before training starts: not retried.
 USER_ERRORS = (FileNotFoundError, NotADirectoryError, ValueError, TypeError, KeyError, SyntaxError)
@@ -115,6 +117,7 @@ def train_args(spec: RunSpec, env: Environment, log: RunLog) -> dict:
             f"the run in {spec.run_dir} has already finished all {epochs} epochs: nothing to resume "
             "(start a new run without --resume to train again)"
         )
+    _trim_results(Path(spec.run_dir) / "results.csv", epoch + 1, log)
     changed = [f"{k} {saved.get(k)!r} -> {args[k]!r}" for k in RESUME_CHANGES if k in args and saved.get(k) != args[k]]
     log.event(
         "resume",
@@ -129,6 +132,33 @@ def train_args(spec: RunSpec, env: Environment, log: RunLog) -> dict:
     keep = {k: v for k, v in args.items() if k in spec.user_keys or k in ("workers", "val")}
     keep.pop("data", None)
     return {**keep, "resume": spec.resume, "save_dir": spec.run_dir}
+
+
+def _trim_results(csv_path: Path, last_epoch: int, log: RunLog) -> None:
+    """Drop results.csv rows after ``last_epoch`` (1-based): the resume trains those epochs again.
+
+    They exist when a run stopped between Ultralytics' ``save_metrics`` and ``save_model``, or
+    when resuming from the verified copy of an older checkpoint.
+    """
+    try:
+        lines = csv_path.read_text().splitlines()
+    except OSError:
+        return
+    if len(lines) < 2:
+        return
+    keep, dropped = [lines[0]], []
+    for line in lines[1:]:
+        try:
+            epoch = int(float(line.split(",", 1)[0]))
+        except ValueError:
+            epoch = 0
+        (dropped if epoch > last_epoch else keep).append(line)
+    if dropped:
+        backup = csv_path.with_name("results.before-resume.csv")
+        backup.write_text("\n".join(lines) + "\n")
+        write_atomic(csv_path, "\n".join(keep) + "\n")
+        log.info(f"results.csv: removed {len(dropped)} row(s) after epoch {last_epoch} that this resume trains again "
+                 f"(the old file is kept as {backup.name})")
 
 
 def train(spec: RunSpec, env: Environment, conv_line: str, log: RunLog) -> int:
@@ -153,17 +183,25 @@ def train(spec: RunSpec, env: Environment, conv_line: str, log: RunLog) -> int:
     fault = faults.parse(os.environ.get(faults.ENV))
     if fault is not None:
         groups.append(faults.Injector(fault, spec.state_dir).callbacks())
-    model = YOLO(spec.resume or spec.model)
-    for group in groups:
-        for event, fn in group.items():
-            model.add_callback(event, fn)
     try:
+        model = YOLO(spec.resume or spec.model)
+        for group in groups:
+            for event, fn in group.items():
+                model.add_callback(event, fn)
         model.train(**args)
-    except USER_ERRORS as e:
+    except Exception as e:
         if hooks.training_started:
-            raise
+            raise  # a training error: the supervisor restarts on a safer profile
         text = str(e).strip()
-        return _user_error(log, text.splitlines()[0] if text else e.__class__.__name__)
+        message = text.splitlines()[0] if text else e.__class__.__name__
+        if isinstance(e, USER_ERRORS):
+            return _user_error(log, message)
+        # Before the first batch: a restart on a safer profile would meet the same error.
+        import traceback
+
+        traceback.print_exc()
+        log.event("setup_error", f"training could not start: {e.__class__.__name__}: {message}", error=message)
+        return CHILD_SETUP_FAILED
     log.event("finished", seconds=round(time.time() - started, 2))
     return OK
 

@@ -194,6 +194,9 @@ class Supervisor:
                 return self._interrupted(spec)
             if outcome == "usage":
                 return self._finish("usage_error", exitcodes.USAGE, spec)
+            if outcome == "setup_failed":
+                self.log.info("not restarting: the error came before training started")
+                return self._finish("failed", exitcodes.FAILED, spec)
             if outcome == "finished_already":
                 if self.user_resume and spec is first:
                     return self._finish("usage_error", exitcodes.USAGE, spec)
@@ -230,6 +233,8 @@ class Supervisor:
                     return "usage", ""
                 if rc == exitcodes.CHILD_FINISHED:
                     return "finished_already", ""
+                if rc == exitcodes.CHILD_SETUP_FAILED:
+                    return "setup_failed", ""
                 self.log.event("crash", f"training process exited with code {rc} (attempt {spec.attempt})",
                                code=rc, attempt=spec.attempt)
                 return State.FAILED, f"training process exited with code {rc}"

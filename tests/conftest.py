@@ -17,7 +17,7 @@ from rocm_yolo.demo import write_demo
 
 TAG_VAR = "ROCM_YOLO_TEST_TAG"
 # Small enough for a 2-core CPU: 16 train images at imgsz 32, batch 4 -> 4 batches an epoch.
-TINY = ["--device", "cpu", "--imgsz", "32", "--batch", "4", "plots=False"]
+TINY = ["--model", "yolo26n.yaml", "--device", "cpu", "--imgsz", "32", "--batch", "4", "plots=False"]
 
 
 @pytest.fixture(scope="session")
