@@ -190,8 +190,9 @@ def train(spec: RunSpec, env: Environment, conv_line: str, log: RunLog) -> int:
                 model.add_callback(event, fn)
         model.train(**args)
     except Exception as e:
-        if hooks.training_started:
-            raise  # a training error: the supervisor restarts on a safer profile
+        if hooks.training_started:  # a training error: the supervisor restarts on a safer profile
+            _record_crash(spec, log, e)
+            raise
         text = str(e).strip()
         message = text.splitlines()[0] if text else e.__class__.__name__
         if isinstance(e, USER_ERRORS):
@@ -204,6 +205,20 @@ def train(spec: RunSpec, env: Environment, conv_line: str, log: RunLog) -> int:
         return CHILD_SETUP_FAILED
     log.event("finished", seconds=round(time.time() - started, 2))
     return OK
+
+
+def _record_crash(spec: RunSpec, log: RunLog, error: BaseException) -> None:
+    """Keep the traceback of a training error in the run directory (the terminal scrolls away)."""
+    import traceback
+
+    path = Path(spec.run_dir) / f"crash-{spec.attempt}.txt"
+    try:
+        path.write_text("".join(traceback.format_exception(error)))
+    except OSError:
+        return
+    first = (str(error).strip().splitlines() or [error.__class__.__name__])[0]
+    log.event("crash_traceback", f"training error: {error.__class__.__name__}: {first} (traceback in {path})",
+              path=str(path), error=first)
 
 
 def _user_error(log: RunLog, message: str) -> int:
