@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     env = runtime.prepare_environment(spec)  # 2. profile variables and architecture presets
 
     signal.signal(signal.SIGTERM, _on_sigterm)
+    from rocm_yolo import proctree
+
+    proctree.die_with_parent(int(os.environ.get("ROCM_YOLO_SUPERVISOR_PID", "0")))  # no orphan if killed -9
     stacks = spec.state_dir / "stacks"
     stacks.mkdir(parents=True, exist_ok=True)
     stack_file = open(stacks / f"trainer-{os.getpid()}.txt", "a")  # open for the life of the process

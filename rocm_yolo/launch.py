@@ -152,7 +152,9 @@ def make_spec(
             notes.append(f"resume changes the profile: {previous.profile} -> {profile}")
         data_path = _resolve_data(data) if data else (previous.data if previous else "")
         model_name = str(ckpt)
-        train_args: dict[str, Any] = {}
+        train_args: dict[str, Any] = {"data": data_path} if data else {}  # a moved data set: say where it is now
+        if data:
+            user_keys.add("data")
     else:
         if not data:
             raise UsageError("DATA is required: a dataset YAML, or 'demo' for the built-in demo set (or --resume LAST_PT)")

@@ -10,16 +10,35 @@ waits without a limit.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import psutil
 
 DUMP_SIGNAL = signal.SIGUSR1  # faulthandler is registered on it in the trainer and every worker
+PR_SET_PDEATHSIG = 1
+PR_SET_PTRACER = 0x59616D61  # Yama: let the supervisor's py-spy (its child) attach to the trainer
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """In a child: get SIGTERM when the parent dies, even by SIGKILL (Linux ``PR_SET_PDEATHSIG``)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if parent_pid:  # fails harmlessly without Yama; faulthandler needs no ptrace anyway
+            libc.prctl(PR_SET_PTRACER, parent_pid, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if parent_pid and os.getppid() != parent_pid:  # the parent died before the call above
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def start(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> subprocess.Popen:

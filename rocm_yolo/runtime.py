@@ -130,7 +130,6 @@ def train_args(spec: RunSpec, env: Environment, log: RunLog) -> dict:
     # Ultralytics reloads the saved arguments and lets a whitelist through; our callbacks
     # enforce workers, val and the presets on the trainer whatever that whitelist holds.
     keep = {k: v for k, v in args.items() if k in spec.user_keys or k in ("workers", "val")}
-    keep.pop("data", None)
     return {**keep, "resume": spec.resume, "save_dir": spec.run_dir}
 
 

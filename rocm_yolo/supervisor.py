@@ -178,6 +178,8 @@ class Supervisor:
         spec = first = self.spec
         restarts_left = self.config.max_restarts if self.config.enabled else 0
         while True:
+            if self.interrupted is not None:  # a signal during the previous kill: start nothing new
+                return self._interrupted(spec)
             child = self.child_factory(spec, self.config)
             self._write_state("running", spec, child_pid=child.pid)
             try:

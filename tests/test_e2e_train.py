@@ -154,3 +154,14 @@ def test_the_readme_first_command(tmp_path):
     assert cli.leftovers() == []
     s = subprocess.run([sys.executable, "-m", "rocm_yolo", "status", str(run)], capture_output=True, text=True)
     assert s.returncode == 0 and "state:     finished" in s.stdout and "epoch 2/2" in s.stdout
+
+
+def test_supervisor_killed_with_sigkill_leaves_no_process(cli, tiny_data, tmp_path):
+    run = tmp_path / "runs" / "detect" / "train"
+    proc = cli.start("train", str(tiny_data), "--workers", "2", "--epochs", "300", *TINY)
+    beat = run / "rocm_yolo" / "heartbeat.json"
+    _wait_for(lambda: beat.exists() and '"phase": "train"' in beat.read_text(), 180, "training", proc)
+    assert len(cli.leftovers(settle=0)) >= 4  # the CLI, the trainer, 2 workers (and the resource tracker)
+    proc.kill()  # SIGKILL: the supervisor gets no chance to clean up
+    proc.communicate()
+    assert cli.leftovers(settle=20) == []  # the trainer dies with its parent, the workers with the trainer
