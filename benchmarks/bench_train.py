@@ -21,22 +21,16 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
-import platform
 import shlex
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from importlib.metadata import version
 from pathlib import Path
 
-import psutil
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine_line, run_logged, stop_on_signals  # noqa: E402
 
-TAG_VAR = "ROCM_YOLO_BENCH_TAG"  # every process a run starts inherits it: cleanup finds them all
 PLAIN_RUNNER = """\
 import json, sys
 from ultralytics import YOLO
@@ -48,52 +42,6 @@ def restore_workers(trainer):  # Ultralytics sets workers=0 on the CPU in BaseTr
 model.add_callback("on_pretrain_routine_start", restore_workers)
 model.train(**args)
 """
-
-
-# processes -----------------------------------------------------------------------------------
-def tagged(tag: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid != os.getpid() and proc.environ().get(TAG_VAR) == tag:
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
-def stop_all(proc: subprocess.Popen | None, tag: str, grace: float = 20.0) -> None:
-    """SIGTERM the run (rocm-yolo's supervisor then stops its own tree), then SIGKILL whatever carries the tag."""
-    if proc is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-    for p in tagged(tag):
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(tagged(tag), timeout=5)
-
-
-def run_logged(cmd: list[str], cwd: Path, log: Path, tag: str, timeout: float) -> int:
-    env = {**os.environ, TAG_VAR: tag, "PYTHONUNBUFFERED": "1"}
-    env.pop("ROCM_YOLO_FAULT", None)
-    proc = None
-    try:
-        with open(log, "w") as out:
-            proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
-            try:
-                code = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                raise SystemExit(f"a run did not finish in {timeout:g} s (--timeout); its log: {log}") from None
-        if code in (130, 143, -signal.SIGINT, -signal.SIGTERM):
-            raise KeyboardInterrupt  # stopped from outside (Ctrl-C reaches the whole process group)
-        return code
-    finally:
-        stop_all(proc, tag)  # a no-op after a clean exit; on timeout, Ctrl-C or error it stops everything
 
 
 # one run -------------------------------------------------------------------------------------
@@ -127,7 +75,7 @@ def one_run(a, side: str, workers: int, rnd: int, data: Path, root: Path) -> lis
     project.mkdir(parents=True, exist_ok=True)
     log = root / f"{side}-{name}.log"
     t0 = time.monotonic()
-    code = run_logged(cmd, root, log, uuid.uuid4().hex, a.timeout)
+    code = run_logged(cmd, root, log, a.timeout)
     if code != 0:
         tail = log.read_text(errors="replace")[-2000:]
         raise SystemExit(f"{side} run {name} exited with {code}; log {log}:\n{tail}")
@@ -138,13 +86,6 @@ def one_run(a, side: str, workers: int, rnd: int, data: Path, root: Path) -> lis
 
 
 # report --------------------------------------------------------------------------------------
-def machine_line() -> str:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor() or "?") if Path("/proc/cpuinfo").exists() else "?"
-    return (f"{os.cpu_count()} cores ({model}), Python {platform.python_version()}, torch {version('torch')}, "
-            f"ultralytics {version('ultralytics')}, rocm-yolo {version('rocm-yolo')}")
-
-
 def spread(xs: list[float], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
 
@@ -174,10 +115,6 @@ def report(a, results: dict) -> list[str]:
     return lines
 
 
-def _terminate(signum, frame):
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -191,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", type=Path, help="work directory, kept (default: a temporary one, removed)")
     p.add_argument("--timeout", type=float, default=600, help="seconds before one run is killed (default: 600)")
     a = p.parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)  # a kill of the benchmark stops its runs too
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
+    stop_on_signals()
     if a.epochs < 3:
         p.error("--epochs must be >= 3 (epoch 1 and the last epoch are not measured)")
     if a.rounds < 1 or any(w < 0 for w in a.workers):

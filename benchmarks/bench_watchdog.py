@@ -20,79 +20,24 @@ Not a test: run it by hand on a quiet machine and paste the table into the docs.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import re
 import shlex
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from importlib.metadata import version
 from pathlib import Path
 from types import SimpleNamespace
 
-import psutil
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine_line, run_logged, stop_on_signals  # noqa: E402
 
-TAG_VAR = "ROCM_YOLO_BENCH_TAG"  # every process a run starts inherits it: cleanup finds them all
 TINY = ["--model", "yolo26n.yaml", "--device", "cpu", "--workers", "2", "--imgsz", "32", "--batch", "4",
         "prefetch_factor=1", "plots=False"]
 
 
-# processes -----------------------------------------------------------------------------------
-def tagged(tag: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid != os.getpid() and proc.environ().get(TAG_VAR) == tag:
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
-def stop_all(proc: subprocess.Popen | None, tag: str, grace: float = 20.0) -> None:
-    """SIGTERM the CLI (its supervisor stops its own tree), then SIGKILL whatever carries the tag."""
-    if proc is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-    for p in tagged(tag):
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(tagged(tag), timeout=5)
-
-
-def run_cli(args: list[str], cwd: Path, log: Path, timeout: float, env: dict | None = None) -> int:
-    tag = uuid.uuid4().hex
-    full_env = {**os.environ, TAG_VAR: tag, "PYTHONUNBUFFERED": "1", **(env or {})}
-    if not env or "ROCM_YOLO_FAULT" not in env:
-        full_env.pop("ROCM_YOLO_FAULT", None)
-    proc = None
-    try:
-        with open(log, "w") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "rocm_yolo", *args], cwd=cwd, env=full_env,
-                                    stdout=out, stderr=subprocess.STDOUT)
-            try:
-                code = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                raise SystemExit(f"a run did not finish in {timeout:g} s (--timeout); its log: {log}") from None
-        if code in (130, 143, -signal.SIGINT, -signal.SIGTERM):
-            raise KeyboardInterrupt  # stopped from outside (Ctrl-C reaches the whole process group)
-        return code
-    finally:
-        stop_all(proc, tag)  # a no-op after a clean exit; on timeout, Ctrl-C or error it stops everything
-
-
-def _terminate(signum, frame):
-    raise KeyboardInterrupt
+def rocm_yolo(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "rocm_yolo", *args]
 
 
 # (a) recovery latency --------------------------------------------------------------------------
@@ -104,7 +49,7 @@ def hang_round(a, data: Path, root: Path, stall: float, rnd: int) -> dict:
     args = ["train", str(data), "--epochs", "3", *TINY, "--stall-timeout", f"{stall:g}", "--startup-grace", "60",
             "--project", str(root / "runs"), "--name", name]
     t0 = time.monotonic()
-    code = run_cli(args, root, log, a.timeout, env={"ROCM_YOLO_FAULT": a.fault})
+    code = run_logged(rocm_yolo(args), root, log, a.timeout, env={"ROCM_YOLO_FAULT": a.fault})
     run = root / "runs" / name
     fired = run / "rocm_yolo" / "fault.fired"
     evs = read_events(run / "rocm_yolo" / "events.jsonl")
@@ -154,14 +99,6 @@ def heartbeat_cost(calls: int, writes: int) -> dict:
 
 
 # report ----------------------------------------------------------------------------------------
-def machine_line() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                  if line.startswith("model name")), "?") if cpuinfo.exists() else platform.processor() or "?"
-    return (f"{os.cpu_count()} cores ({model}), Python {platform.python_version()}, torch {version('torch')}, "
-            f"ultralytics {version('ultralytics')}, rocm-yolo {version('rocm-yolo')}")
-
-
 def med(xs: list, fmt: str = "{:.1f}") -> str:
     xs = [x for x in xs if x is not None]
     if not xs:
@@ -217,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.rounds < 1 or a.calls < 1 or a.writes < 1 or any(s <= 0 for s in a.stall_timeouts):
         p.error("--rounds, --calls, --writes and --stall-timeouts must be > 0")
-    signal.signal(signal.SIGTERM, _terminate)  # a kill of the benchmark stops its runs too
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
+    stop_on_signals()
 
     tmp = None if a.dir else tempfile.TemporaryDirectory(prefix="bench-watchdog-")
     root = (a.dir or Path(tmp.name)).resolve()
@@ -238,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             batch_s, a.batch_source = (1 / it_s if it_s else None), "heartbeat it_s, imgsz 32 batch 4, profile safe"
         if batch_s is None:
             args = ["train", str(data), "--epochs", "2", *TINY, "--project", str(root / "runs"), "--name", "tiny"]
-            if run_cli(args, root, root / "tiny.log", a.timeout) == 0:
+            if run_logged(rocm_yolo(args), root, root / "tiny.log", a.timeout) == 0:
                 it_s = heartbeat_it_s(root / "runs" / "tiny")
                 batch_s, a.batch_source = (1 / it_s if it_s else None), "heartbeat it_s, imgsz 32 batch 4, profile fast"
         hb = heartbeat_cost(a.calls, a.writes)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from rocm_yolo import __version__, exitcodes
+from rocm_yolo.launch import CONV_STRATEGIES
 from rocm_yolo.profiles import DEFAULT_LADDER, PROFILES, UsageError, parse_ladder
 
 EPILOG = exitcodes.HELP
@@ -46,7 +47,7 @@ def _add_train(sub) -> None:
     p.add_argument("--name", metavar="NAME", help="run name (default: train, train-2, ...)")
     p.add_argument("--resume", nargs="?", const=True, metavar="LAST_PT",
                    help="continue a run from its last.pt (default: the newest under the project)")
-    p.add_argument("--conv", choices=["auto", "native", "aten", "fp32", "gemm"],
+    p.add_argument("--conv", choices=CONV_STRATEGIES,
                    help="Conv2d strategy for GPUs whose MIOpen convolutions fail (default: auto)")
     w = p.add_argument_group("watchdog")
     w.add_argument("--no-watchdog", action="store_true", help="no stall detection and no automatic restarts")

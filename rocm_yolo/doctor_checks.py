@@ -264,7 +264,7 @@ def override_row(arch: str | None, value: str | None) -> Row:
         why = " (it crashes some RX 5700 cards)" if family == "gfx101x" else ""
         return Row(check, name, WARN, found + why,
                    f"use {fitting}, which fits {family}, or unset it; keep {value} only if a test run is stable", data=data)
-    return Row(check, name, FAIL, found + f" of another generation: kernels will fault or hang",
+    return Row(check, name, FAIL, found + " of another generation: kernels will fault or hang",
                f"unset HSA_OVERRIDE_GFX_VERSION or set {fitting}", data=data)
 
 

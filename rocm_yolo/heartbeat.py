@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 FILENAME = "heartbeat.json"
@@ -156,6 +156,3 @@ class HeartbeatWriter:
             "on_train_end": self.on_train_end,
         }
 
-
-def as_dict(hb: Heartbeat) -> dict:
-    return asdict(hb)

@@ -70,6 +70,18 @@ def members(pid: int) -> list[psutil.Process]:
     return list(found.values())
 
 
+def with_env(var: str, value: str) -> list[psutil.Process]:
+    """Processes (of this user) whose environment has ``var=value``: a tag every descendant inherits."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != os.getpid() and proc.environ().get(var) == value:
+                found.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
 def send(procs: list[psutil.Process], sig: int) -> None:
     for proc in procs:
         try:

@@ -23,7 +23,7 @@ import signal
 import sys
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
@@ -345,6 +345,3 @@ def read_state(run_dir: str | os.PathLike) -> dict | None:
     except (OSError, ValueError):
         return None
 
-
-def result_dict(result: RunResult) -> dict:
-    return asdict(result)

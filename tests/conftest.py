@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from rocm_yolo.demo import write_demo
+from rocm_yolo.proctree import with_env
 
 TAG_VAR = "ROCM_YOLO_TEST_TAG"
 # Small enough for a 2-core CPU: 16 train images at imgsz 32, batch 4 -> 4 batches an epoch.
@@ -23,18 +24,6 @@ TINY = ["--model", "yolo26n.yaml", "--device", "cpu", "--imgsz", "32", "--batch"
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> Path:
     return write_demo(tmp_path_factory.mktemp("data") / "tiny", train=16, val=8, size=64)
-
-
-def tagged_processes(tag: str) -> list[psutil.Process]:
-    """Processes whose environment carries ``tag``: the CLI, the trainer, its workers, helpers."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid != os.getpid() and proc.environ().get(TAG_VAR) == tag:
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
 
 
 class Cli:
@@ -65,13 +54,13 @@ class Cli:
     def leftovers(self, settle: float = 5.0) -> list[psutil.Process]:
         deadline = time.monotonic() + settle
         while True:
-            left = [p for p in tagged_processes(self.tag) if p.status() != psutil.STATUS_ZOMBIE]
+            left = [p for p in with_env(TAG_VAR, self.tag) if p.status() != psutil.STATUS_ZOMBIE]
             if not left or time.monotonic() > deadline:
                 return left
             time.sleep(0.2)
 
     def kill_all(self) -> None:
-        for proc in tagged_processes(self.tag):
+        for proc in with_env(TAG_VAR, self.tag):
             try:
                 proc.send_signal(signal.SIGKILL)
             except psutil.Error:

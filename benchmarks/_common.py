@@ -1,0 +1,71 @@
+"""What both benchmark scripts need: run one command in a fresh process, stop everything it made."""
+
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import subprocess
+import uuid
+from importlib.metadata import version
+from pathlib import Path
+
+import psutil
+
+from rocm_yolo.proctree import with_env
+
+TAG_VAR = "ROCM_YOLO_BENCH_TAG"  # every process a run starts inherits it: cleanup finds them all
+
+
+def stop_all(proc: subprocess.Popen | None, tag: str, grace: float = 20.0) -> None:
+    """SIGTERM the run (rocm-yolo's supervisor then stops its own tree), then SIGKILL whatever carries the tag."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    for p in with_env(TAG_VAR, tag):
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(with_env(TAG_VAR, tag), timeout=5)
+
+
+def run_logged(cmd: list[str], cwd: Path, log: Path, timeout: float, env: dict | None = None) -> int:
+    """Run ``cmd`` with its output in ``log``; whatever happens, leave none of its processes behind."""
+    tag = uuid.uuid4().hex
+    full_env = {**os.environ, TAG_VAR: tag, "PYTHONUNBUFFERED": "1"}
+    full_env.pop("ROCM_YOLO_FAULT", None)
+    full_env.update(env or {})
+    proc = None
+    try:
+        with open(log, "w") as out:
+            proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise SystemExit(f"a run did not finish in {timeout:g} s (--timeout); its log: {log}") from None
+        if code in (130, 143, -signal.SIGINT, -signal.SIGTERM):
+            raise KeyboardInterrupt  # stopped from outside (Ctrl-C reaches the whole process group)
+        return code
+    finally:
+        stop_all(proc, tag)  # a no-op after a clean exit; on timeout, Ctrl-C or error it stops everything
+
+
+def machine_line() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                  if line.startswith("model name")), "?") if cpuinfo.exists() else platform.processor() or "?"
+    return (f"{os.cpu_count()} cores ({model}), Python {platform.python_version()}, torch {version('torch')}, "
+            f"ultralytics {version('ultralytics')}, rocm-yolo {version('rocm-yolo')}")
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGINT raise KeyboardInterrupt, so a killed benchmark stops its runs too."""
+    def _terminate(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
