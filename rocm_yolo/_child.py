@@ -19,9 +19,8 @@ import os
 import signal
 import sys
 
+from rocm_yolo.exitcodes import CHILD_SETUP_FAILED
 from rocm_yolo.spec import RunSpec
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
 
 def _on_sigterm(signum, frame):
@@ -57,7 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     from rocm_yolo.patches import dataloader as loader_patch  # 3. patches (this imports torch)
 
     loader_patch.install(env.loader, spec.run_dir)
-    conv_line = runtime.install_conv(spec, env)
+    try:
+        conv_line = runtime.install_conv(spec, env)
+    except Exception as e:  # the self-test found no working strategy: a restart would find none either
+        log.event("setup_error", f"no working Conv2d strategy: {e}", error=str(e))
+        return CHILD_SETUP_FAILED
     try:
         return runtime.train(spec, env, conv_line, log)  # 4.
     except KeyboardInterrupt:

@@ -136,7 +136,7 @@ def cmd_train(args) -> int:
         epochs = _count_epochs(Path(result.run_dir) / "results.csv")
         weights = Path(result.run_dir) / "weights"
         extra = f", {result.restarts} restart(s), {result.lost_seconds:.0f} s lost to hangs" if result.restarts else ""
-        print(f"rocm-yolo: done: {epochs} epochs in {time.time() - started:.1f} s{extra}; "
+        print(f"rocm-yolo: done: {epochs} epoch{'s' if epochs != 1 else ''} in {time.time() - started:.1f} s{extra}; "
               f"weights: {weights / 'last.pt'} and {weights / 'best.pt'}", file=sys.stderr)
     elif result.state == "failed":
         print(f"rocm-yolo: failed after {result.restarts} restart(s); see {Path(result.run_dir) / 'rocm-yolo.log'}",

@@ -67,9 +67,9 @@ def install_conv(spec: RunSpec, env: Environment) -> str:
     from rocm_yolo import convtest
     from rocm_yolo.patches import conv as conv_patch
 
-    device = str(spec.train_args.get("device") or "cuda")
-    device = "cpu" if device == "cpu" else "cuda"
-    strategy, line = convtest.resolve_strategy(env.conv, env.arch, device=device)
+    device = "cpu" if str(spec.train_args.get("device")) == "cpu" else "cuda"
+    amp = env.args.get("amp", spec.train_args.get("amp", True)) not in (False, "fp32")
+    strategy, line = convtest.resolve_strategy(env.conv, env.arch, device=device, amp=amp)
     if strategy != "native":
         conv_patch.install(strategy)
     env.conv = strategy

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -165,3 +166,32 @@ def test_supervisor_killed_with_sigkill_leaves_no_process(cli, tiny_data, tmp_pa
     proc.kill()  # SIGKILL: the supervisor gets no chance to clean up
     proc.communicate()
     assert cli.leftovers(settle=20) == []  # the trainer dies with its parent, the workers with the trainer
+
+
+def test_gfx1010_presets_and_a_conv_strategy_in_a_real_run(cli, tiny_data, tmp_path):
+    """A fake gfx1010 topology: the presets apply where the user set nothing, and are listed."""
+    nodes = tmp_path / "kfd" / "nodes"
+    for index, version in ((0, 0), (1, 100100)):  # a CPU node and an RX 5700
+        (nodes / str(index)).mkdir(parents=True)
+        (nodes / str(index) / "properties").write_text(f"cpu_cores_count 0\ngfx_target_version {version}\n")
+    env = {"ROCM_YOLO_KFD_ROOT": str(nodes), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    r = cli.run("train", str(tiny_data), "--epochs", "1", "--workers", "1", "--conv", "aten", "channels_last=False",
+                *TINY, env=env)
+    assert r.returncode == 0, r.stdout[-3000:]
+    text = "\n".join(rocm_lines(r.stdout))
+    assert "GPU architecture: gfx1010" in text and "conv: aten (requested)" in text
+    assert re.search(r"arg\s+amp=False\s+preset: fp16 is broken", text)
+    assert re.search(r"arg\s+channels_last\s+user-set, kept", text)
+    assert re.search(r"tool\s+conv\s+user-set, kept", text)
+    assert "pin_memory=false" in text  # the loader preset reached the DataLoader patch
+    assert (tmp_path / "cache" / "rocm-yolo" / "miopen" / "gfx1010" / "db").is_dir()
+    run = tmp_path / "runs" / "detect" / "train"
+    args = (run / "args.yaml").read_text()
+    assert "amp: false" in args  # the preset reached Ultralytics
+    # saved under the conv patch, the checkpoint loads where rocm_yolo cannot be imported
+    code = ("import sys; sys.modules['rocm_yolo'] = None\n"
+            "from ultralytics import YOLO\n"
+            f"m = YOLO({str(run / 'weights' / 'best.pt')!r}); print('CLASSES', len(m.names))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "CLASSES 3" in out.stdout, out.stderr[-2000:]
+    assert cli.leftovers() == []
