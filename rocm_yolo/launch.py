@@ -53,6 +53,12 @@ def _resolve_data(data: str) -> str:
         return str(write_demo())
     path = Path(data).expanduser()
     if path.is_file():
+        from rocm_yolo.doctor_data import DataError, load_spec  # the doctor's reading of a data YAML
+
+        try:
+            load_spec(path)
+        except DataError as e:
+            raise UsageError(f"data {data}: {e}") from None
         return str(path.resolve())
     if path.is_dir():
         raise UsageError(f"data '{data}' is a directory: pass its dataset YAML (e.g. {data}/data.yaml)")

@@ -192,9 +192,10 @@ def train(spec: RunSpec, env: Environment, conv_line: str, log: RunLog) -> int:
         if hooks.training_started:  # a training error: the supervisor restarts on a safer profile
             _record_crash(spec, log, e)
             raise
-        text = str(e).strip()
+        user = _user_error_in_chain(e)
+        text = str(user or e).strip()
         message = text.splitlines()[0] if text else e.__class__.__name__
-        if isinstance(e, USER_ERRORS):
+        if user is not None:
             return _user_error(log, message)
         # Before the first batch: a restart on a safer profile would meet the same error.
         import traceback
@@ -204,6 +205,18 @@ def train(spec: RunSpec, env: Environment, conv_line: str, log: RunLog) -> int:
         return CHILD_SETUP_FAILED
     log.event("finished", seconds=round(time.time() - started, 2))
     return OK
+
+
+def _user_error_in_chain(error: BaseException) -> BaseException | None:
+    """The user error behind ``error``: Ultralytics wraps e.g. a missing data set's FileNotFoundError
+    in a RuntimeError; the innermost such error has the plainest message."""
+    found, seen = None, set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, USER_ERRORS):
+            found = error
+        error = error.__cause__ or error.__context__
+    return found
 
 
 def _record_crash(spec: RunSpec, log: RunLog, error: BaseException) -> None:

@@ -5,11 +5,13 @@ One monitor loop, one decision per tick: the child is healthy (keep watching), f
 stacks, kill the whole tree, resume ``last.pt`` on the next profile of the fallback
 ladder). States of an attempt::
 
-    STARTING --first heartbeat--> HEALTHY --exit 0--> SUCCEEDED
-        |                           |--no progress for the stall timeout--> STALLED
-        |                           '--exit != 0---------------------------> FAILED
-        '--no heartbeat within the startup grace--> STALLED
-    STALLED/FAILED --restarts left--> (next attempt, next profile)  else --> FAILED (exit 1)
+    STARTING --first training batch--> HEALTHY --exit 0--> SUCCEEDED
+       |  |                              |--no progress for the stall timeout--> STALLED
+       |  '--exit 2/3/4: USAGE_ERROR, ALREADY_FINISHED, SETUP_FAILED (never retried)
+       |                                 '--any other exit------------------------> CRASHED
+       '--no heartbeat within the startup grace--> STALLED
+    any state --SIGINT/SIGTERM--> INTERRUPTED
+    STALLED/CRASHED --restarts left--> next attempt (next profile)   else: exit 1
 
 The process machinery sits behind :class:`ChildProcess`, so tests drive the loop with
 scripted heartbeats and a fake clock; end-to-end tests use the real thing.
@@ -37,9 +39,21 @@ from rocm_yolo.spec import RunSpec
 class State(str, Enum):
     STARTING = "starting"  # child started, no training batch yet
     HEALTHY = "healthy"  # heartbeat progressing
+    SUCCEEDED = "succeeded"  # exit 0
     STALLED = "stalled"  # no progress for the stall timeout
-    FAILED = "failed"  # child exited with an error
-    SUCCEEDED = "succeeded"
+    CRASHED = "crashed"  # exited with an error during training
+    USAGE_ERROR = "usage_error"  # bad data or arguments
+    ALREADY_FINISHED = "already_finished"  # the checkpoint's run has trained all its epochs
+    SETUP_FAILED = "setup_failed"  # an error before training started: a restart would meet it again
+    INTERRUPTED = "interrupted"  # SIGINT or SIGTERM to the supervisor
+
+
+EXIT_STATES = {
+    exitcodes.OK: State.SUCCEEDED,
+    exitcodes.USAGE: State.USAGE_ERROR,
+    exitcodes.CHILD_FINISHED: State.ALREADY_FINISHED,
+    exitcodes.CHILD_SETUP_FAILED: State.SETUP_FAILED,
+}
 
 
 @dataclass(frozen=True)
@@ -192,14 +206,14 @@ class Supervisor:
             if outcome == State.SUCCEEDED:
                 self._drop_good_copy(spec)
                 return self._finish("finished", exitcodes.OK, spec)
-            if outcome == "interrupted":
+            if outcome == State.INTERRUPTED:
                 return self._interrupted(spec)
-            if outcome == "usage":
+            if outcome == State.USAGE_ERROR:
                 return self._finish("usage_error", exitcodes.USAGE, spec)
-            if outcome == "setup_failed":
+            if outcome == State.SETUP_FAILED:
                 self.log.info("not restarting: the error came before training started")
                 return self._finish("failed", exitcodes.FAILED, spec)
-            if outcome == "finished_already":
+            if outcome == State.ALREADY_FINISHED:
                 if self.user_resume and spec is first:
                     return self._finish("usage_error", exitcodes.USAGE, spec)
                 self.log.info("the checkpoint shows the run finished all its epochs")
@@ -220,33 +234,27 @@ class Supervisor:
                 resume=spec.resume,
             )
 
-    def _watch(self, child, spec: RunSpec) -> tuple[object, str]:
+    def _watch(self, child, spec: RunSpec) -> tuple[State, str]:
         detector = StallDetector(self.config, self.clock())
         state = State.STARTING
         while True:
             if self.interrupted is not None:
-                return "interrupted", ""
+                return State.INTERRUPTED, ""
             rc = child.poll()
             now = self.clock()
             if rc is not None:
-                if rc == exitcodes.OK:
-                    return State.SUCCEEDED, ""
-                if rc == exitcodes.USAGE:
-                    return "usage", ""
-                if rc == exitcodes.CHILD_FINISHED:
-                    return "finished_already", ""
-                if rc == exitcodes.CHILD_SETUP_FAILED:
-                    return "setup_failed", ""
+                if rc in EXIT_STATES:
+                    return EXIT_STATES[rc], ""
                 self.log.event("crash", f"training process exited with code {rc} (attempt {spec.attempt})",
                                code=rc, attempt=spec.attempt)
-                return State.FAILED, f"training process exited with code {rc}"
+                return State.CRASHED, f"training process exited with code {rc}"
             hb = child.heartbeat()
             if detector.observe(hb, now):
                 if state == State.STARTING and hb.batches_total > 0:
                     state = State.HEALTHY
                     self._note_recovered(now)
             if self.config.enabled and detector.stalled(now):
-                return State.STALLED, self._on_stall(child, spec, detector, hb or child.heartbeat(), now)
+                return State.STALLED, self._on_stall(child, spec, detector, hb, now)
             self.sleep(self.config.poll_interval)
 
     def _on_stall(self, child, spec: RunSpec, detector: StallDetector, hb: Heartbeat | None, now: float) -> str:

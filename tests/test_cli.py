@@ -77,6 +77,14 @@ def test_missing_data_and_missing_checkpoint(tmp_path):
     assert r.returncode == 2 and "no last.pt under" in r.stderr
 
 
+def test_a_data_yaml_without_names_is_a_usage_error(tmp_path):
+    bad = tmp_path / "d.yaml"
+    bad.write_text("train: images/train\nval: images/val\n")
+    r = rocm_yolo("train", str(bad), cwd=tmp_path)
+    assert r.returncode == 2 and "has no 'names' list" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_unreadable_checkpoint_is_a_clear_error(tmp_path):
     last = tmp_path / "runs" / "detect" / "train" / "weights" / "last.pt"
     last.parent.mkdir(parents=True)

@@ -163,6 +163,8 @@ def test_supervisor_killed_with_sigkill_leaves_no_process(cli, tiny_data, tmp_pa
     beat = run / "rocm_yolo" / "heartbeat.json"
     _wait_for(lambda: beat.exists() and '"phase": "train"' in beat.read_text(), 180, "training", proc)
     assert len(cli.leftovers(settle=0)) >= 4  # the CLI, the trainer, 2 workers (and the resource tracker)
+    status = subprocess.run([sys.executable, "-m", "rocm_yolo", "status", str(run)], capture_output=True, text=True)
+    assert status.returncode == 0 and "state:     running" in status.stdout and "/300, train batch" in status.stdout
     proc.kill()  # SIGKILL: the supervisor gets no chance to clean up
     proc.communicate()
     assert cli.leftovers(settle=20) == []  # the trainer dies with its parent, the workers with the trainer
@@ -195,3 +197,13 @@ def test_gfx1010_presets_and_a_conv_strategy_in_a_real_run(cli, tiny_data, tmp_p
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "CLASSES 3" in out.stdout, out.stderr[-2000:]
     assert cli.leftovers() == []
+
+
+def test_bad_data_is_a_one_line_error_and_not_retried(cli, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"path: {tmp_path / 'nowhere'}\ntrain: images/train\nval: images/val\nnames:\n  0: a\n")
+    r = cli.run("train", str(bad), "--epochs", "1", *TINY, timeout=120)
+    assert r.returncode == 2, r.stdout[-3000:]
+    [error] = [line for line in rocm_lines(r.stdout) if "error:" in line]
+    assert "images not found" in error and "Traceback" not in r.stdout
+    assert "restart" not in r.stdout and cli.leftovers() == []
