@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import signal
 import subprocess
+import sys
+import tempfile
 import uuid
 from importlib.metadata import version
 from pathlib import Path
@@ -69,3 +72,21 @@ def stop_on_signals() -> None:
 
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
+
+
+@contextlib.contextmanager
+def work_dir(keep: Path | None, prefix: str):
+    """``keep`` (made if missing, kept) or a temporary directory removed at the end."""
+    tmp = None if keep else tempfile.TemporaryDirectory(prefix=prefix)
+    root = (keep or Path(tmp.name)).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        yield root
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def interrupted() -> int:
+    print("\ninterrupted: every run's processes are stopped", file=sys.stderr)
+    return 130

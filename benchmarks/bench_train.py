@@ -24,12 +24,11 @@ import json
 import shlex
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_line, run_logged, stop_on_signals  # noqa: E402
+from _common import interrupted, machine_line, run_logged, stop_on_signals, work_dir  # noqa: E402
 
 PLAIN_RUNNER = """\
 import json, sys
@@ -134,30 +133,24 @@ def main(argv: list[str] | None = None) -> int:
     if a.rounds < 1 or any(w < 0 for w in a.workers):
         p.error("--rounds must be >= 1 and --workers >= 0")
 
-    tmp = None if a.dir else tempfile.TemporaryDirectory(prefix="bench-train-")
-    root = (a.dir or Path(tmp.name)).resolve()
-    root.mkdir(parents=True, exist_ok=True)
     try:
-        from rocm_yolo.demo import write_demo
+        with work_dir(a.dir, "bench-train-") as root:
+            from rocm_yolo.demo import write_demo
 
-        data = write_demo(root / "data", train=a.train, val=a.val, size=max(a.imgsz, 64))
-        print(f"work directory: {root}\n{machine_line()}", flush=True)
-        results: dict = {}
-        started = time.monotonic()
-        for workers in a.workers:
-            results[workers] = {"plain": [], "rocm": []}
-            for rnd in range(1, a.rounds + 1):
-                for side in ("plain", "rocm"):
-                    results[workers][side].append(one_run(a, side, workers, rnd, data, root))
-        print(f"\ntotal {time.monotonic() - started:.0f} s\n")
-        print("\n".join(report(a, results)))
-        return 0
+            data = write_demo(root / "data", train=a.train, val=a.val, size=max(a.imgsz, 64))
+            print(f"work directory: {root}\n{machine_line()}", flush=True)
+            results: dict = {}
+            started = time.monotonic()
+            for workers in a.workers:
+                results[workers] = {"plain": [], "rocm": []}
+                for rnd in range(1, a.rounds + 1):
+                    for side in ("plain", "rocm"):
+                        results[workers][side].append(one_run(a, side, workers, rnd, data, root))
+            print(f"\ntotal {time.monotonic() - started:.0f} s\n")
+            print("\n".join(report(a, results)))
+            return 0
     except KeyboardInterrupt:
-        print("\ninterrupted: every run's processes are stopped", file=sys.stderr)
-        return 130
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
+        return interrupted()
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_line, run_logged, stop_on_signals  # noqa: E402
+from _common import interrupted, machine_line, run_logged, stop_on_signals, work_dir  # noqa: E402
 
 TINY = ["--model", "yolo26n.yaml", "--device", "cpu", "--workers", "2", "--imgsz", "32", "--batch", "4",
         "prefetch_factor=1", "plots=False"]
@@ -156,37 +156,31 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--rounds, --calls, --writes and --stall-timeouts must be > 0")
     stop_on_signals()
 
-    tmp = None if a.dir else tempfile.TemporaryDirectory(prefix="bench-watchdog-")
-    root = (a.dir or Path(tmp.name)).resolve()
-    root.mkdir(parents=True, exist_ok=True)
     try:
-        from rocm_yolo.demo import write_demo
+        with work_dir(a.dir, "bench-watchdog-") as root:
+            from rocm_yolo.demo import write_demo
 
-        data = write_demo(root / "data", train=16, val=8, size=64)
-        print(f"work directory: {root}\n{machine_line()}", flush=True)
-        hangs: dict = {}
-        if not a.skip_hang:
-            for stall in a.stall_timeouts:
-                hangs[stall] = [hang_round(a, data, root, stall, rnd) for rnd in range(1, a.rounds + 1)]
-        batch_s, a.batch_source = (a.batch_ms / 1e3 if a.batch_ms else None), "--batch-ms"
-        if batch_s is None and hangs:  # the restarted attempt of the last hang run trained to the end
-            it_s = heartbeat_it_s(root / "runs" / f"stall{a.stall_timeouts[-1]:g}-r{a.rounds}")
-            batch_s, a.batch_source = (1 / it_s if it_s else None), "heartbeat it_s, imgsz 32 batch 4, profile safe"
-        if batch_s is None:
-            args = ["train", str(data), "--epochs", "2", *TINY, "--project", str(root / "runs"), "--name", "tiny"]
-            if run_logged(rocm_yolo(args), root, root / "tiny.log", a.timeout) == 0:
-                it_s = heartbeat_it_s(root / "runs" / "tiny")
-                batch_s, a.batch_source = (1 / it_s if it_s else None), "heartbeat it_s, imgsz 32 batch 4, profile fast"
-        hb = heartbeat_cost(a.calls, a.writes)
-        print()
-        print("\n".join(report(a, hangs, hb, batch_s)))
-        return 0
+            data = write_demo(root / "data", train=16, val=8, size=64)
+            print(f"work directory: {root}\n{machine_line()}", flush=True)
+            hangs: dict = {}
+            if not a.skip_hang:
+                for stall in a.stall_timeouts:
+                    hangs[stall] = [hang_round(a, data, root, stall, rnd) for rnd in range(1, a.rounds + 1)]
+            batch_s, a.batch_source = (a.batch_ms / 1e3 if a.batch_ms else None), "--batch-ms"
+            if batch_s is None and hangs:  # the restarted attempt of the last hang run trained to the end
+                it_s = heartbeat_it_s(root / "runs" / f"stall{a.stall_timeouts[-1]:g}-r{a.rounds}")
+                batch_s, a.batch_source = (1 / it_s if it_s else None), "heartbeat it_s, imgsz 32 batch 4, profile safe"
+            if batch_s is None:
+                args = ["train", str(data), "--epochs", "2", *TINY, "--project", str(root / "runs"), "--name", "tiny"]
+                if run_logged(rocm_yolo(args), root, root / "tiny.log", a.timeout) == 0:
+                    it_s = heartbeat_it_s(root / "runs" / "tiny")
+                    batch_s, a.batch_source = (1 / it_s if it_s else None), "heartbeat it_s, imgsz 32 batch 4, profile fast"
+            hb = heartbeat_cost(a.calls, a.writes)
+            print()
+            print("\n".join(report(a, hangs, hb, batch_s)))
+            return 0
     except KeyboardInterrupt:
-        print("\ninterrupted: every run's processes are stopped", file=sys.stderr)
-        return 130
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
+        return interrupted()
 
 
 if __name__ == "__main__":
