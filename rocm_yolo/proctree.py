@@ -125,7 +125,7 @@ def dump_stacks(pid: int, stacks_dir: Path, out: Path, roles: dict[int, str] | N
     time.sleep(wait / 2)
     send([p for p in procs if p.pid != pid and _has_stack_file(stacks_dir, p.pid)], DUMP_SIGNAL)
     time.sleep(wait / 2)
-    py_spy = shutil.which("py-spy")
+    py_spy = find_py_spy()
     deadline = time.monotonic() + py_spy_timeout  # one budget for all py-spy calls
     parts: list[str] = []
     for proc in procs:
@@ -148,6 +148,11 @@ def dump_stacks(pid: int, stacks_dir: Path, out: Path, roles: dict[int, str] | N
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(parts) + "\n")
     return out
+
+
+def find_py_spy() -> str | None:
+    """py-spy on PATH, or beside this interpreter (a virtual environment that is not activated)."""
+    return shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
 
 
 def _has_stack_file(stacks_dir: Path, pid: int) -> bool:
