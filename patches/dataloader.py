@@ -190,6 +190,9 @@ class WorkerInit:
             self.inner(worker_id)
 
     def _register(self, worker_id: int) -> None:
+        from rocm_yolo.proctree import die_with_parent
+
+        die_with_parent()  # a worker stuck in native code dies with its trainer all the same
         state = Path(self.run_dir) / "rocm_yolo"
         stacks = state / "stacks"
         stacks.mkdir(parents=True, exist_ok=True)

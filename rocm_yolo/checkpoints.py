@@ -64,7 +64,7 @@ def find_latest(project: str | os.PathLike) -> Path | None:
         for p in root.glob(f"**/weights/{GOOD_NAME}")
         if p.is_file() and not p.with_name("last.pt").exists()
     ]
-    return max(found, key=lambda p: p.stat().st_mtime, default=None)
+    return max(found, key=lambda p: (p if p.exists() else p.with_name(GOOD_NAME)).stat().st_mtime, default=None)
 
 
 def choose_resume(last: str | os.PathLike) -> tuple[Path, str | None]:

@@ -101,6 +101,10 @@ def cmd_train(args) -> int:
     if data is not None and "=" in data:  # only KEY=VALUE given (e.g. with --resume)
         overrides.insert(0, data)
         data = None
+    resume = args.resume
+    if isinstance(resume, str) and "=" in resume and not Path(resume).exists():  # --resume KEY=VALUE
+        overrides.insert(0, resume)
+        resume = True
     batch = args.batch
     if batch is not None and float(batch).is_integer():
         batch = int(batch)
@@ -119,7 +123,7 @@ def cmd_train(args) -> int:
         device=args.device,
         project=args.project,
         name=args.name,
-        resume=args.resume,
+        resume=resume,
         conv=args.conv,
         extra=launch.parse_key_values(overrides),
     )
@@ -131,7 +135,7 @@ def cmd_train(args) -> int:
         ladder=parse_ladder(args.fallback),
     )
     started = time.time()
-    result = launch.run(spec, config, user_resume=args.resume is not None)
+    result = launch.run(spec, config, user_resume=resume is not None)
     if result.state == "finished":
         epochs = _count_epochs(Path(result.run_dir) / "results.csv")
         weights = Path(result.run_dir) / "weights"

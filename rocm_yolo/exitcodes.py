@@ -3,6 +3,7 @@
 OK = 0  # training done
 FAILED = 1  # failed after the allowed restarts, or a training error
 USAGE = 2  # bad arguments, data or checkpoint: nothing was retried
+HANGUP = 129  # SIGHUP: the terminal went away
 INTERRUPTED = 130  # Ctrl-C (SIGINT)
 TERMINATED = 143  # SIGTERM
 
@@ -12,5 +13,5 @@ CHILD_SETUP_FAILED = 4  # an error before training started (e.g. a download whil
 
 HELP = (
     "exit codes: 0 done; 1 failed after retries or a training error; 2 usage error; "
-    "130 interrupted (Ctrl-C); 143 terminated (SIGTERM)"
+    "129/130/143 stopped by SIGHUP/Ctrl-C/SIGTERM"
 )

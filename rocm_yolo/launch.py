@@ -29,7 +29,7 @@ def parse_key_values(items: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        key = key.strip().lstrip("-").replace("-", "_") if key.startswith("--") else key.strip()
+        key = key.strip()
         if not sep or not key:
             raise UsageError(f"'{item}' is not KEY=VALUE: write e.g. lr0=0.01")
         if key in out:
@@ -156,6 +156,15 @@ def make_spec(
             flags["workers"] = previous.loader.workers
         if previous is not None and profile != previous.profile:
             notes.append(f"resume changes the profile: {previous.profile} -> {profile}")
+        elif previous is not None:  # same profile: the user's own settings of that run still hold
+            for key in LOADER_KEYS & set(previous.user_keys) - set(loader_overrides):
+                loader_overrides[key] = getattr(previous.loader, key)
+            if val is None and "val" in previous.user_keys:
+                val = previous.val
+            user_keys |= (LOADER_KEYS | {"val"}) & set(previous.user_keys)
+        if conv is None and previous is not None and "conv" in previous.user_keys:
+            conv = previous.conv
+            user_keys.add("conv")
         data_path = _resolve_data(data) if data else (previous.data if previous else "")
         model_name = str(ckpt)
         train_args: dict[str, Any] = {"data": data_path} if data else {}  # a moved data set: say where it is now

@@ -26,19 +26,24 @@ PR_SET_PDEATHSIG = 1
 PR_SET_PTRACER = 0x59616D61  # Yama: let the supervisor's py-spy (its child) attach to the trainer
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """In a child: get SIGTERM when the parent dies, even by SIGKILL (Linux ``PR_SET_PDEATHSIG``)."""
+def die_with_parent(parent_pid: int = 0) -> None:
+    """In a child: be killed when the parent dies, even by SIGKILL (Linux ``PR_SET_PDEATHSIG``).
+
+    The signal is SIGKILL, delivered by the kernel: a process stuck in native code (a GPU
+    runtime deadlock) never runs a Python handler. ``parent_pid`` (if given) may also attach
+    py-spy to this process under Yama's ptrace restrictions.
+    """
     if not sys.platform.startswith("linux"):
         return
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if parent_pid:  # fails harmlessly without Yama; faulthandler needs no ptrace anyway
             libc.prctl(PR_SET_PTRACER, parent_pid, 0, 0, 0)
     except (OSError, AttributeError):
         return
     if parent_pid and os.getppid() != parent_pid:  # the parent died before the call above
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def start(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> subprocess.Popen:

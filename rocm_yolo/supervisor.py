@@ -176,6 +176,11 @@ class Supervisor:
         self.result = RunResult(state="running", exit_code=exitcodes.FAILED, run_dir=spec.run_dir)
         self.started_wall = time.time()
         self._recovering_since: float | None = None
+        previous = read_state(spec.run_dir) if user_resume else None
+        if previous:  # a resumed run keeps its history of hangs and restarts
+            self.result.hangs = list(previous.get("hangs", []))
+            self.result.restarts = int(previous.get("restarts", 0))
+            self.result.lost_seconds = float(previous.get("lost_seconds", 0.0))
 
     # signals -------------------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
@@ -183,7 +188,7 @@ class Supervisor:
 
     def install_signal_handlers(self) -> dict:
         previous = {}
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal went away
             previous[sig] = signal.signal(sig, self._on_signal)
         return previous
 
@@ -217,6 +222,7 @@ class Supervisor:
                 if self.user_resume and spec is first:
                     return self._finish("usage_error", exitcodes.USAGE, spec)
                 self.log.info("the checkpoint shows the run finished all its epochs")
+                self._drop_good_copy(spec)
                 return self._finish("finished", exitcodes.OK, spec)
             if restarts_left <= 0:
                 self.log.event("give_up", f"{info}; no restarts left (--max-restarts {self.config.max_restarts})")
@@ -226,7 +232,7 @@ class Supervisor:
             self.result.restarts += 1
             self.log.event(
                 "restart",
-                f"restart {self.result.restarts}/{self.config.max_restarts} with profile '{spec.profile}'"
+                f"restart {self.config.max_restarts - restarts_left}/{self.config.max_restarts} with profile '{spec.profile}'"
                 + (f" from {spec.resume}" if spec.resume else " from the start (no checkpoint yet)")
                 + f" ({restarts_left} left)",
                 attempt=spec.attempt,
@@ -252,19 +258,18 @@ class Supervisor:
             if detector.observe(hb, now):
                 if state == State.STARTING and hb.batches_total > 0:
                     state = State.HEALTHY
-                    self._note_recovered(now)
+                    self._note_recovered(now, spec, child.pid)
             if self.config.enabled and detector.stalled(now):
                 return State.STALLED, self._on_stall(child, spec, detector, hb, now)
             self.sleep(self.config.poll_interval)
 
     def _on_stall(self, child, spec: RunSpec, detector: StallDetector, hb: Heartbeat | None, now: float) -> str:
-        k = len(self.result.hangs) + 1
         where = (f"epoch {hb.epoch}/{hb.epochs}, {hb.phase} batch {hb.batch}/{hb.batches}" if hb else "during start-up")
         stalled = detector.stalled_for(now)
         self.log.event("hang", f"no progress for {stalled:.0f} s (timeout {detector.timeout():.0f} s) at {where}: hang",
                        epoch=hb.epoch if hb else None, batch=hb.batch if hb else None, phase=hb.phase if hb else None,
                        seconds=round(stalled, 1), attempt=spec.attempt)
-        out = Path(spec.run_dir) / f"hang-{k}-stacks.txt"
+        out = Path(spec.run_dir) / f"hang-{spec.attempt}-stacks.txt"  # attempts count on across resumes
         try:
             path = child.dump_stacks(out)
             self.log.event("stacks", f"stacks of the trainer and its workers written to {path}", path=str(path))
@@ -279,12 +284,12 @@ class Supervisor:
         self.log.event("kill", f"stopping the training process tree (pid {child.pid})", pid=child.pid)
         return f"hang at {where}"
 
-    def _note_recovered(self, now: float) -> None:
+    def _note_recovered(self, now: float, spec: RunSpec, child_pid: int) -> None:
         since = self._recovering_since
         if since is not None:
             self.result.lost_seconds += now - since
             self._recovering_since = None
-            self._write_state("running", self.spec)
+            self._write_state("running", spec, child_pid=child_pid)
 
     def _next_spec(self, spec: RunSpec) -> RunSpec:
         profile = next_profile(spec.profile, self.config.ladder)
@@ -300,14 +305,19 @@ class Supervisor:
             resume = None  # nothing saved yet: start again in the same directory
         train_args = {**spec.train_args, "exist_ok": True}
         val = spec.val if "val" in spec.user_keys else resolved.val
-        return spec.with_changes(profile=profile, loader=resolved.loader, val=val, env={**spec.env, **resolved.env},
+        return spec.with_changes(profile=profile, loader=resolved.loader, val=val, env=resolved.env,
                                  resume=resume, attempt=spec.attempt + 1, train_args=train_args)
 
     def _drop_good_copy(self, spec: RunSpec) -> None:
-        """A finished run cannot be resumed: its verified resume copy only takes disk space."""
-        last = spec.weights_dir / "last.pt"
-        if checkpoints.verify(last) is None:
-            (spec.weights_dir / checkpoints.GOOD_NAME).unlink(missing_ok=True)
+        """A finished run cannot be resumed: its verified resume copy only takes disk space.
+
+        If ``last.pt`` was moved aside as damaged, the verified copy becomes ``last.pt`` again.
+        """
+        last, good = spec.weights_dir / "last.pt", spec.weights_dir / checkpoints.GOOD_NAME
+        if not last.exists() and checkpoints.verify(good) is None:
+            os.replace(good, last)
+        elif checkpoints.verify(last) is None:
+            good.unlink(missing_ok=True)
 
     # results -------------------------------------------------------------------------------
     def _finish(self, state: str, code: int, spec: RunSpec) -> RunResult:
@@ -318,7 +328,8 @@ class Supervisor:
         return self.result
 
     def _interrupted(self, spec: RunSpec) -> RunResult:
-        code = exitcodes.INTERRUPTED if self.interrupted == signal.SIGINT else exitcodes.TERMINATED
+        code = {signal.SIGINT: exitcodes.INTERRUPTED, signal.SIGHUP: exitcodes.HANGUP}.get(self.interrupted,
+                                                                                     exitcodes.TERMINATED)
         name = signal.Signals(self.interrupted).name if self.interrupted else "signal"
         last = spec.weights_dir / "last.pt"
         self.log.event("interrupted", f"stopped by {name}; the training process tree is gone", signal=name)

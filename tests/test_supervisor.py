@@ -182,3 +182,26 @@ def test_detector_timeout_adapts_to_the_slowest_recent_step():
     assert det.timeout() == 300  # 10 x the slowest recent step
     assert not det.stalled(now=300) and det.stalled(now=332)
     assert not det.observe(beat(2, batch=2, batches_total=2, step=30), now=40)  # same seq: no progress
+
+
+def test_state_file_follows_the_running_attempt_and_profiles_do_not_leak_env(spec):
+    from rocm_yolo.supervisor import read_state
+
+    clock = Clock()
+    seen = {}
+
+    class Watched(Script):
+        def poll(self):
+            if self.clock() >= 120 and "state" not in seen:
+                seen["state"] = read_state(spec.run_dir)
+            return super().poll()
+
+    hung = Script(clock, {5: beat(1), 6: beat(2, batch=2, batches_total=2)})
+    healthy = Watched(clock, {100: beat(1, pid=101), 101: beat(2, batch=2, batches_total=2, pid=101)}, exit_at=150)
+    healthy.pid = 101
+    result, made = supervise(spec.with_changes(profile="safe", env={"OMP_NUM_THREADS": "2"}), [hung, healthy], clock)
+    assert result.exit_code == exitcodes.OK
+    assert made[1].profile == "single" and made[1].env == {}  # safe's OMP_NUM_THREADS does not follow
+    state = seen["state"]
+    assert (state["attempt"], state["profile"], state["child_pid"], state["restarts"]) == (2, "single", 101, 1)
+    assert Path(result.hangs[0]["stacks"]).name == "hang-1-stacks.txt"
