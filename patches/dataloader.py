@@ -178,6 +178,7 @@ class WorkerInit:
         self.inner = inner
         self.run_dir = str(run_dir) if run_dir is not None else None
         self.role = role or "other"
+        self.trainer_pid = os.getpid()  # the process that builds the loader makes its workers
 
     def __call__(self, worker_id: int) -> None:
         if self.run_dir is not None:
@@ -192,7 +193,10 @@ class WorkerInit:
     def _register(self, worker_id: int) -> None:
         from rocm_yolo.proctree import die_with_parent
 
-        die_with_parent()  # a worker stuck in native code dies with its trainer all the same
+        # A worker stuck in native code dies with its trainer all the same; one that finishes
+        # starting after the trainer died goes at once (torch's own watchdog would then
+        # take the new parent, init, for the trainer and wait forever).
+        die_with_parent(self.trainer_pid)
         state = Path(self.run_dir) / "rocm_yolo"
         stacks = state / "stacks"
         stacks.mkdir(parents=True, exist_ok=True)

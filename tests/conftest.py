@@ -34,22 +34,29 @@ class Cli:
         self.tag = uuid.uuid4().hex
         self.env = {**os.environ, TAG_VAR: self.tag, "PYTHONUNBUFFERED": "1"}
         self.env.pop("ROCM_YOLO_FAULT", None)
+        self.runs = 0
+        self.output: Path | None = None
 
     def start(self, *args: str, env: dict | None = None) -> subprocess.Popen:
-        return subprocess.Popen(
-            [sys.executable, "-m", "rocm_yolo", *args], cwd=self.cwd, env={**self.env, **(env or {})},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
+        """Start the CLI with its output in a file (a pipe would stay open in orphans and fill up)."""
+        self.runs += 1
+        self.output = self.cwd / f"cli-{self.runs}.out"
+        with open(self.output, "w") as out:
+            return subprocess.Popen([sys.executable, "-m", "rocm_yolo", *args], cwd=self.cwd,
+                                    env={**self.env, **(env or {})}, stdout=out, stderr=subprocess.STDOUT)
+
+    def read(self) -> str:
+        return self.output.read_text(errors="replace")
 
     def run(self, *args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
         proc = self.start(*args, env=env)
         try:
-            out, _ = proc.communicate(timeout=timeout)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill_all()
-            out, _ = proc.communicate()
-            raise AssertionError(f"rocm-yolo {' '.join(args)} did not finish in {timeout} s:\n{out[-4000:]}")
-        return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+            proc.wait()
+            raise AssertionError(f"rocm-yolo {' '.join(args)} did not finish in {timeout} s:\n{self.read()[-4000:]}")
+        return subprocess.CompletedProcess(proc.args, proc.returncode, self.read(), "")
 
     def leftovers(self, settle: float = 5.0) -> list[psutil.Process]:
         deadline = time.monotonic() + settle

@@ -98,13 +98,13 @@ def test_safe_profile_gives_fresh_workers_every_epoch(cli, tiny_data, tmp_path):
     assert cli.leftovers() == []
 
 
-def _wait_for(predicate, timeout, what, proc=None):
+def _wait_for(predicate, timeout, what, proc=None, cli=None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"exited early ({proc.returncode}) waiting for {what}:\n{proc.stdout.read()[-3000:]}")
+            raise AssertionError(f"exited early ({proc.returncode}) waiting for {what}:\n{cli.read()[-3000:]}")
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
 
@@ -114,10 +114,11 @@ def test_interrupt_stops_everything_then_resume_on_a_safer_profile(cli, tiny_dat
     run = tmp_path / "runs" / "detect" / "train"
     weights = run / "weights"
     proc = cli.start("train", str(tiny_data), "--workers", "2", "--epochs", "4", *TINY)
-    _wait_for(lambda: (weights / checkpoints.GOOD_NAME).exists(), 180, "the first verified checkpoint", proc)
+    _wait_for(lambda: (weights / checkpoints.GOOD_NAME).exists(), 180, "the first verified checkpoint", proc, cli)
     t0 = time.monotonic()
     proc.send_signal(sig)
-    out, _ = proc.communicate(timeout=30)
+    proc.wait(timeout=30)
+    out = cli.read()
     assert proc.returncode == code, out[-3000:]
     assert time.monotonic() - t0 < 15
     assert cli.leftovers() == []
@@ -161,12 +162,12 @@ def test_supervisor_killed_with_sigkill_leaves_no_process(cli, tiny_data, tmp_pa
     run = tmp_path / "runs" / "detect" / "train"
     proc = cli.start("train", str(tiny_data), "--workers", "2", "--epochs", "300", *TINY)
     beat = run / "rocm_yolo" / "heartbeat.json"
-    _wait_for(lambda: beat.exists() and '"phase": "train"' in beat.read_text(), 180, "training", proc)
+    _wait_for(lambda: beat.exists() and '"phase": "train"' in beat.read_text(), 180, "training", proc, cli)
     assert len(cli.leftovers(settle=0)) >= 4  # the CLI, the trainer, 2 workers (and the resource tracker)
     status = subprocess.run([sys.executable, "-m", "rocm_yolo", "status", str(run)], capture_output=True, text=True)
     assert status.returncode == 0 and "state:     running" in status.stdout and "/300, train batch" in status.stdout
     proc.kill()  # SIGKILL: the supervisor gets no chance to clean up
-    proc.communicate()
+    proc.wait()
     assert cli.leftovers(settle=20) == []  # the trainer dies with its parent, the workers with the trainer
 
 

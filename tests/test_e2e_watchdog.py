@@ -106,7 +106,8 @@ def test_worker_killed_with_sigkill(cli, tiny_data, tmp_path):
     assert victim is not None, "no live worker found in epoch 2"
     killed_at = time.time()
     os.kill(victim, signal.SIGKILL)
-    out, _ = proc.communicate(timeout=240)
+    proc.wait(timeout=240)
+    out = cli.read()
     r = type("R", (), {"returncode": proc.returncode, "stdout": out})
     check_recovered(cli, r, run, 3)
     [crash] = events(run, "crash")
