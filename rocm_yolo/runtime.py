@@ -99,17 +99,16 @@ def header_lines(spec: RunSpec, env: Environment, conv_line: str) -> list[str]:
     return lines
 
 
-def train_args(spec: RunSpec, env: Environment, log: RunLog) -> dict:
-    """The arguments for ``model.train``. On resume, checks the checkpoint and logs what changed.
+def train_args(spec: RunSpec, env: Environment, log: RunLog, ckpt: dict | None = None) -> dict:
+    """The arguments for ``model.train``. On resume, checks the checkpoint (the dict Ultralytics
+    already loaded for ``YOLO(last.pt)``) and logs what changed.
 
     Raises :class:`RunFinished` for a run that has already trained all its epochs.
     """
     args = {**spec.train_args, "workers": spec.loader.workers, "val": spec.val, **env.args}
     if not spec.resume:
         return args
-    import torch
-
-    ckpt = torch.load(spec.resume, map_location="cpu", weights_only=False)
+    ckpt = ckpt or {}
     saved = dict(ckpt.get("train_args") or {})
     epoch, epochs = ckpt.get("epoch", -1), saved.get("epochs")
     if epoch is None or epoch < 0 or (epochs and epoch + 1 >= epochs):
@@ -169,11 +168,6 @@ def train(spec: RunSpec, env: Environment, conv_line: str, log: RunLog) -> int:
     heartbeat = HeartbeatWriter(spec.state_dir / FILENAME, attempt=spec.attempt)
     for line in header_lines(spec, env, conv_line):
         log.info(line)
-    try:
-        args = train_args(spec, env, log)
-    except RunFinished as e:
-        _user_error(log, str(e))
-        return CHILD_FINISHED
 
     from ultralytics import YOLO
 
@@ -184,10 +178,14 @@ def train(spec: RunSpec, env: Environment, conv_line: str, log: RunLog) -> int:
         groups.append(faults.Injector(fault, spec.state_dir).callbacks())
     try:
         model = YOLO(spec.resume or spec.model)
+        args = train_args(spec, env, log, model.ckpt)
         for group in groups:
             for event, fn in group.items():
                 model.add_callback(event, fn)
         model.train(**args)
+    except RunFinished as e:
+        _user_error(log, str(e))
+        return CHILD_FINISHED
     except Exception as e:
         if hooks.training_started:  # a training error: the supervisor restarts on a safer profile
             _record_crash(spec, log, e)
