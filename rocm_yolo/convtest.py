@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from rocm_yolo.heartbeat import write_atomic
+from rocm_yolo.proctree import kill_now
 from rocm_yolo.rocm import torch_build
 
 __all__ = ["STRATEGIES", "SHAPES", "SelfTestError", "run_selftest", "resolve_strategy", "default_cache_dir"]
@@ -166,19 +168,6 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill the child and everything it started (it leads its own session)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError, OSError):
-        pass
-    try:
-        proc.kill()
-    except OSError:
-        pass
-    proc.wait()
-
-
 def _stderr_tail(path: str) -> str:
     try:
         lines = [ln.strip() for ln in Path(path).read_text(errors="replace").splitlines() if ln.strip()]
@@ -214,7 +203,7 @@ def _run_child(device, strategies, amp, stop_on_success, budget):
             try:
                 line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                _kill_group(proc)
+                kill_now(proc)
                 return results, current, f"timed out after {budget:.0f}s (killed)"
             if line is None:
                 break
@@ -289,20 +278,6 @@ def _load_cache(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _write_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _pretty(path: Path) -> str:
     home = str(Path.home())
     text = str(path)
@@ -350,7 +325,8 @@ def _resolve_on_rocm(arch: str, build: dict, path: Path, *, device: str, timeout
     cache = _load_cache(path)
     cache[key] = {"strategy": chosen, "results": results, "tested_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     try:
-        _write_atomic(path, cache)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(cache, indent=2, sort_keys=True))
         where = f"saved to {_pretty(path)}"
     except OSError as exc:
         where = f"not cached: {exc}"

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from rocm_yolo.doctor import FAIL, OK, SKIP, WARN, Options, Row
+from rocm_yolo.proctree import kill_now
 
 FIX_GROUPS = "sudo usermod -aG render,video $USER, then log out and back in (or reboot)"
 RDNA1_HINT = "gfx101x (RX 5500/5600/5700)"
@@ -70,36 +71,6 @@ def read_file(handle) -> str:
     return handle.read().decode(errors="replace")
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL ``proc``, its process group and every descendant; wait for all of them."""
-    try:
-        import psutil
-
-        descendants = psutil.Process(proc.pid).children(recursive=True)
-    except Exception:  # noqa: BLE001 - psutil missing or the process is gone
-        descendants = []
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for child in descendants:  # one that left the group (setsid) is killed by pid
-        try:
-            child.kill()
-        except Exception:  # noqa: BLE001
-            pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-    if descendants:
-        try:
-            import psutil
-
-            psutil.wait_procs(descendants, timeout=5)
-        except Exception:  # noqa: BLE001
-            pass
-
-
 def run_bounded(cmd: Sequence[str], timeout: float, env: dict | None = None) -> Outcome:
     """Run ``cmd`` to completion or for ``timeout`` seconds, whichever is first; never leaves a process."""
     start = time.monotonic()
@@ -110,7 +81,7 @@ def run_bounded(cmd: Sequence[str], timeout: float, env: dict | None = None) -> 
     except subprocess.TimeoutExpired:
         timed_out = True
     finally:
-        kill_group(proc)  # also reaps anything a finished command left in its group
+        kill_now(proc)  # also reaps anything a finished command left in its group
     result = Outcome(None if timed_out else proc.returncode, read_file(out), read_file(err),
                      time.monotonic() - start, timed_out)
     out.close()

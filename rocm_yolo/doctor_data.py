@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Iterator
 
 from rocm_yolo.doctor import FAIL, OK, SKIP, WARN, Options, Row
-from rocm_yolo.doctor_checks import kill_group, read_file, start_group
+from rocm_yolo.doctor_checks import read_file, start_group
+from rocm_yolo.proctree import kill_now
 
 # Ultralytics' ultralytics.data.utils.IMG_FORMATS (8.4), copied: importing it imports torch.
 IMG_FORMATS = {"avif", "bmp", "dng", "heic", "heif", "jp2", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp"}
@@ -482,7 +483,7 @@ def run_probe(opts: Options, spec: dict, build_timeout: float) -> ProbeResult:
                 state = "timeout"
                 break
     finally:
-        kill_group(proc)
+        kill_now(proc)
         os.unlink(f.name)
     events = _events(read_file(out))
     stderr = read_file(err)

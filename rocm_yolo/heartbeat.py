@@ -40,9 +40,14 @@ class Heartbeat:
 
 
 def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so readers see the old file or the new one, never half of it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read(path: str | os.PathLike) -> Heartbeat | None:

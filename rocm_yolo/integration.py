@@ -26,7 +26,7 @@ class RunHooks:
         self.log = log
         self.arg_presets = dict(arg_presets or {})
         self.training_started = False
-        self.first_epoch: int | None = None
+        self.epoch_started = False
         self.recorded_epoch: int | None = None
 
     # setup ---------------------------------------------------------------------------------
@@ -59,13 +59,17 @@ class RunHooks:
         self.training_started = True
 
     # epochs --------------------------------------------------------------------------------
+    def _fresh_workers(self, loader) -> None:
+        """Under a non-persistent profile, close ``loader``'s workers: its next batch starts new ones."""
+        if self.spec.loader.persistent_workers or self.spec.loader.workers == 0:
+            return
+        if getattr(loader, "iterator", None) is not None and hasattr(loader, "reset"):
+            loader.reset()
+
     def on_train_epoch_start(self, trainer) -> None:
-        if self.first_epoch is None:
-            self.first_epoch = trainer.epoch
-        elif not self.spec.loader.persistent_workers and self.spec.loader.workers > 0:
-            loader = trainer.train_loader
-            if getattr(loader, "iterator", None) is not None and hasattr(loader, "reset"):
-                loader.reset()  # next batch starts fresh workers
+        if self.epoch_started:  # the first epoch of this process already has fresh workers
+            self._fresh_workers(trainer.train_loader)
+        self.epoch_started = True
 
     def on_train_batch_end(self, trainer) -> None:
         if self.recorded_epoch == trainer.epoch:
@@ -75,10 +79,7 @@ class RunHooks:
         self.log.event("workers", epoch=trainer.epoch + 1, loader="train", pids=[w.pid for w in workers])
 
     def on_val_start(self, validator) -> None:
-        loader = getattr(validator, "dataloader", None)
-        if not self.spec.loader.persistent_workers and getattr(loader, "iterator", None) is not None:
-            if hasattr(loader, "reset"):
-                loader.reset()
+        self._fresh_workers(getattr(validator, "dataloader", None))
 
     def on_model_save(self, trainer) -> None:
         try:

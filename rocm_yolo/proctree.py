@@ -113,6 +113,22 @@ def kill(pid: int, term_timeout: float = 8.0, kill_timeout: float = 4.0) -> list
     return [p.pid for p in alive]
 
 
+def kill_now(proc: subprocess.Popen, timeout: float = 5.0) -> list[int]:
+    """SIGKILL a child made by :func:`start` and its whole session at once, and reap it.
+
+    For throwaway helper processes (self-tests, doctor probes): no grace period. Returns the
+    pids still alive after ``timeout``.
+    """
+    procs = members(proc.pid)
+    send(procs, signal.SIGKILL)
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    return [p.pid for p in alive]
+
+
 def dump_stacks(pid: int, stacks_dir: Path, out: Path, roles: dict[int, str] | None = None,
                 wait: float = 2.0, py_spy_timeout: float = 10.0) -> Path:
     """Write the Python stacks of every process in the tree into ``out``; bounded in time.

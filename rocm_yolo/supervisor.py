@@ -33,7 +33,7 @@ from rocm_yolo import checkpoints, exitcodes, heartbeat, proctree
 from rocm_yolo.heartbeat import Heartbeat
 from rocm_yolo.log import RunLog
 from rocm_yolo.profiles import DEFAULT_LADDER, UsageError, next_profile, resolve
-from rocm_yolo.spec import RunSpec
+from rocm_yolo.spec import STATE_DIRNAME, RunSpec
 
 
 class State(str, Enum):
@@ -360,7 +360,7 @@ class Supervisor:
 
 def read_state(run_dir: str | os.PathLike) -> dict | None:
     try:
-        return json.loads((Path(run_dir) / "rocm_yolo" / "supervisor.json").read_text())
+        return json.loads((Path(run_dir) / STATE_DIRNAME / "supervisor.json").read_text())
     except (OSError, ValueError):
         return None
 
