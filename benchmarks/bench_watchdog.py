@@ -43,6 +43,7 @@ def rocm_yolo(args: list[str]) -> list[str]:
 # (a) recovery latency --------------------------------------------------------------------------
 def hang_round(a, data: Path, root: Path, stall: float, rnd: int) -> dict:
     from rocm_yolo.log import read_events
+    from rocm_yolo.paths import RunPaths
 
     name = f"stall{stall:g}-r{rnd}"
     log = root / f"{name}.log"
@@ -51,8 +52,8 @@ def hang_round(a, data: Path, root: Path, stall: float, rnd: int) -> dict:
     t0 = time.monotonic()
     code = run_logged(rocm_yolo(args), root, log, a.timeout, env={"ROCM_YOLO_FAULT": a.fault})
     run = root / "runs" / name
-    fired = run / "rocm_yolo" / "fault.fired"
-    evs = read_events(run / "rocm_yolo" / "events.jsonl")
+    fired = RunPaths(run).fault_fired(a.fault.partition("@")[0])
+    evs = read_events(RunPaths(run).events)
     hang = next((e for e in evs if e["event"] == "hang"), None)  # a crash restart before it would not count
     restart = next((e for e in evs if e["event"] == "restart" and hang and e["time"] >= hang["time"]), None)
     if code != 0 or not fired.exists() or hang is None or restart is None:
@@ -72,9 +73,10 @@ def hang_round(a, data: Path, root: Path, stall: float, rnd: int) -> dict:
 
 
 def heartbeat_it_s(run: Path) -> float | None:
-    from rocm_yolo.heartbeat import FILENAME, read
+    from rocm_yolo.heartbeat import read
+    from rocm_yolo.paths import RunPaths
 
-    hb = read(run / "rocm_yolo" / FILENAME)
+    hb = read(RunPaths(run).heartbeat)
     return hb.it_s if hb and hb.it_s > 0 else None
 
 

@@ -24,7 +24,6 @@ import functools
 import inspect
 import json
 import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -32,9 +31,10 @@ from typing import Any, Callable, Mapping
 
 import torch.utils.data
 
+from rocm_yolo.paths import RunPaths
+from rocm_yolo.proctree import DUMP_SIGNAL  # the watchdog sends it to dump Python stacks with faulthandler
 from rocm_yolo.profiles import LoaderSettings
 
-DUMP_SIGNAL = signal.SIGUSR1  # the watchdog sends it to dump Python stacks with faulthandler
 
 _original_init: Callable | None = None
 _settings: LoaderSettings | None = None
@@ -197,11 +197,10 @@ class WorkerInit:
         # starting after the trainer died goes at once (torch's own watchdog would then
         # take the new parent, init, for the trainer and wait forever).
         die_with_parent(self.trainer_pid)
-        state = Path(self.run_dir) / "rocm_yolo"
-        stacks = state / "stacks"
-        stacks.mkdir(parents=True, exist_ok=True)
+        paths = RunPaths(self.run_dir)
+        paths.stacks.mkdir(parents=True, exist_ok=True)
         pid = os.getpid()
-        handle = open(stacks / f"worker-{pid}.txt", "a")  # kept open for the life of the worker
+        handle = open(paths.worker_stacks(pid), "a")  # kept open for the life of the worker
         faulthandler.register(DUMP_SIGNAL, file=handle, all_threads=True, chain=False)
         info = torch.utils.data.get_worker_info()
         record = {
@@ -213,5 +212,5 @@ class WorkerInit:
             "start_method": _how_made(),
             "time": time.time(),
         }
-        with open(state / "workers.jsonl", "a") as f:
+        with open(paths.workers, "a") as f:
             f.write(json.dumps(record) + "\n")

@@ -14,7 +14,7 @@ def __getattr__(name):  # PEP 562: keep `import rocm_yolo` light (spawned worker
 
         return train
     if name == "UsageError":
-        from rocm_yolo.profiles import UsageError
+        from rocm_yolo.errors import UsageError
 
         return UsageError
     raise AttributeError(f"module 'rocm_yolo' has no attribute {name!r}")

@@ -5,8 +5,13 @@ orders the steps that make DataLoader workers safe:
 
 1. ``multiprocessing.set_start_method("spawn", force=True)``, before torch is imported;
 2. the environment: the profile's variables and the GPU architecture's presets;
-3. the patches (DataLoader, Conv2d);
+3. torch, Ultralytics and the patches (DataLoader, Conv2d), each import checked;
 4. ``YOLO(model).train(**args)`` with rocm-yolo's callbacks (heartbeat, hooks).
+
+Whatever goes wrong becomes one line on the terminal and an exit code the supervisor acts
+on (see :mod:`rocm_yolo.errors`): a user error (2), a run that already finished (3), a
+broken environment (4, with ``RUN/setup-K.txt``), a rocm-yolo bug (123, with
+``RUN/internal-K.txt``), or a training crash (1, with ``RUN/crash-K.txt``: restarted).
 
 Spawned DataLoader workers import this module as ``__mp_main__``: everything runs under
 ``if __name__ == "__main__"`` and the module imports nothing heavy at the top.
@@ -19,13 +24,25 @@ import os
 import signal
 import sys
 
-from rocm_yolo.exitcodes import CHILD_SETUP_FAILED
+from rocm_yolo import errors
 from rocm_yolo.spec import RunSpec
+
+_stopping = False
 
 
 def _on_sigterm(signum, frame):
     # Runs between bytecodes: a checkpoint write in progress (one C call) completes first.
-    raise SystemExit(128 + signum)
+    # The supervisor is stopping us on purpose: what torch says about its workers dying
+    # from the same signal is noise, so the terminal hears nothing more from this process.
+    global _stopping
+    if not _stopping:
+        _stopping = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)
+        except OSError:
+            pass
+        raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,36 +52,29 @@ def main(argv: list[str] | None = None) -> int:
     multiprocessing.set_start_method("spawn", force=True)  # 1. before torch is imported
     torch_was_imported = "torch" in sys.modules
 
-    spec = RunSpec.load(argv[0])
-    from rocm_yolo import runtime
+    try:
+        spec = RunSpec.load(argv[0])
+    except Exception as e:  # the supervisor wrote it: anything wrong with it is a rocm-yolo bug
+        return errors.report_internal(e)
+    from rocm_yolo import proctree, runtime
     from rocm_yolo.log import RunLog
 
-    log = RunLog(spec.log_path, spec.state_dir / "events.jsonl")
+    paths = spec.paths
+    log = RunLog(paths.log, paths.events)
     log.event("start_method", method=multiprocessing.get_start_method(), torch_imported=torch_was_imported)
-
-    env = runtime.prepare_environment(spec)  # 2. profile variables and architecture presets
-
     signal.signal(signal.SIGTERM, _on_sigterm)
-    from rocm_yolo import proctree
-
-    proctree.die_with_parent(int(os.environ.get("ROCM_YOLO_SUPERVISOR_PID", "0")))  # no orphan if killed -9
-    stacks = spec.state_dir / "stacks"
-    stacks.mkdir(parents=True, exist_ok=True)
-    stack_file = open(stacks / f"trainer-{os.getpid()}.txt", "a")  # open for the life of the process
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
-
-    from rocm_yolo.patches import dataloader as loader_patch  # 3. patches (this imports torch)
-
-    loader_patch.install(env.loader, spec.run_dir)
+    proctree.die_with_parent(int(os.environ.get(proctree.SUPERVISOR_ENV, "0") or 0))  # no orphan if killed -9
     try:
-        conv_line = runtime.install_conv(spec, env)
-    except Exception as e:  # the self-test found no working strategy: a restart would find none either
-        log.event("setup_error", f"no working Conv2d strategy: {e}", error=str(e))
-        return CHILD_SETUP_FAILED
-    try:
-        return runtime.train(spec, env, conv_line, log)  # 4.
+        paths.stacks.mkdir(parents=True, exist_ok=True)
+        stack_file = open(paths.trainer_stacks(os.getpid()), "a")  # open for the life of the process
+        faulthandler.register(proctree.DUMP_SIGNAL, file=stack_file, all_threads=True, chain=False)
+        return runtime.run(spec, log)  # 2.-4.
     except KeyboardInterrupt:
-        return 130
+        return errors.INTERRUPTED
+    except SystemExit:
+        raise
+    except BaseException as e:  # before training (runtime.run handles its own errors after that)
+        return runtime.report_setup_failure(spec, log, e)
 
 
 if __name__ == "__main__":

@@ -10,13 +10,12 @@ child keeps a verified copy, ``last_good.pt``, written atomically; resume falls 
 from __future__ import annotations
 
 import os
-import shutil
 import zipfile
 from pathlib import Path
 
-from rocm_yolo.profiles import UsageError
-
-GOOD_NAME = "last_good.pt"
+from rocm_yolo.errors import UsageError
+from rocm_yolo.fsutil import copy_atomic
+from rocm_yolo.paths import GOOD_NAME
 
 
 def verify(path: str | os.PathLike) -> str | None:
@@ -47,9 +46,7 @@ def keep_good_copy(last: str | os.PathLike) -> Path | None:
     if verify(last) is not None:
         return None
     good = last.with_name(GOOD_NAME)
-    tmp = last.with_name(f".{GOOD_NAME}.{os.getpid()}.tmp")
-    shutil.copyfile(last, tmp)
-    os.replace(tmp, good)
+    copy_atomic(last, good, durable=True)
     return good
 
 

@@ -11,18 +11,19 @@ import sys
 import time
 from pathlib import Path
 
-from rocm_yolo import __version__, exitcodes
+from rocm_yolo import __version__, errors
 from rocm_yolo.launch import CONV_STRATEGIES
-from rocm_yolo.profiles import DEFAULT_LADDER, PROFILES, UsageError, parse_ladder
+from rocm_yolo.errors import UsageError
+from rocm_yolo.profiles import DEFAULT_LADDER, PROFILES, parse_ladder
 
-EPILOG = exitcodes.HELP
+EPILOG = errors.HELP
 
 
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors and exit code 2 (no usage dump, no traceback)."""
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        self.exit(exitcodes.USAGE, f"rocm-yolo: error: {message} (see '{self.prog} --help')\n")
+        self.exit(errors.USAGE, f"rocm-yolo: error: {message} (see '{self.prog} --help')\n")
 
 
 def _add_train(sub) -> None:
@@ -89,12 +90,13 @@ def cmd_profiles(args) -> int:
     print()
     for name in names:
         print(f"{name}: {PROFILES[name].summary}")
-    return exitcodes.OK
+    return errors.OK
 
 
 def cmd_train(args) -> int:
     from rocm_yolo import launch
-    from rocm_yolo.supervisor import WatchdogConfig
+    from rocm_yolo.paths import RunPaths
+    from rocm_yolo.supervisor import State, WatchdogConfig
 
     overrides = list(args.overrides)
     data = args.data
@@ -136,15 +138,14 @@ def cmd_train(args) -> int:
     )
     started = time.time()
     result = launch.run(spec, config, user_resume=resume is not None)
-    if result.state == "finished":
-        epochs = _count_epochs(Path(result.run_dir) / "results.csv")
-        weights = Path(result.run_dir) / "weights"
+    paths = RunPaths(result.run_dir)
+    if result.state == State.FINISHED:
+        epochs = _count_epochs(paths.results)
         extra = f", {result.restarts} restart(s), {result.lost_seconds:.0f} s lost to hangs" if result.restarts else ""
         print(f"rocm-yolo: done: {epochs} epoch{'s' if epochs != 1 else ''} in {time.time() - started:.1f} s{extra}; "
-              f"weights: {weights / 'last.pt'} and {weights / 'best.pt'}", file=sys.stderr)
-    elif result.state == "failed":
-        print(f"rocm-yolo: failed after {result.restarts} restart(s); see {Path(result.run_dir) / 'rocm-yolo.log'}",
-              file=sys.stderr)
+              f"weights: {paths.last} and {paths.best}", file=sys.stderr)
+    elif result.state == State.FAILED:
+        print(f"rocm-yolo: failed after {result.restarts} restart(s); see {paths.log}", file=sys.stderr)
     return result.exit_code
 
 
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extras]
     if args.command is None:
         parser.print_help()
-        return exitcodes.USAGE
+        return errors.USAGE
     try:
         if args.command == "train":
             return cmd_train(args)
@@ -185,6 +186,15 @@ def main(argv: list[str] | None = None) -> int:
         return doctor.run(args)
     except UsageError as e:
         print(f"rocm-yolo: error: {e}", file=sys.stderr)
-        return exitcodes.USAGE
+        return errors.USAGE
+    except errors.SetupError as e:
+        print(f"rocm-yolo: environment error: {e}", file=sys.stderr)
+        return errors.SETUP
     except KeyboardInterrupt:
-        return exitcodes.INTERRUPTED
+        return errors.INTERRUPTED
+    except Exception as e:  # a rocm-yolo bug: one line here, the traceback in a file
+        found = errors.classify(e)
+        if found.kind == errors.ENVIRONMENT:
+            print(f"rocm-yolo: environment error: {found.line}", file=sys.stderr)
+            return errors.SETUP
+        return errors.report_internal(e)

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,8 +32,9 @@ import threading
 import time
 from pathlib import Path
 
-from rocm_yolo.heartbeat import write_atomic
-from rocm_yolo.proctree import kill_now
+from rocm_yolo.fsutil import write_atomic
+from rocm_yolo.proctree import kill_now, signal_name, start
+from rocm_yolo.paths import cache_dir
 from rocm_yolo.rocm import torch_build
 
 __all__ = ["STRATEGIES", "SHAPES", "SelfTestError", "run_selftest", "resolve_strategy", "default_cache_dir"]
@@ -117,24 +117,6 @@ def _check_strategy(strategy: str, device: str, amp: bool, references: dict) -> 
     return worst
 
 
-def _inject_fault(kind: str | None) -> None:
-    """Test hook (``ROCM_YOLO_CONVTEST_FAULT=native=abort,aten=raise``): imitate a GPU failure.
-
-    ``raise`` imitates a HIP error, ``abort`` a memory access fault (the process dies with
-    SIGABRT), ``hang`` a stuck kernel. Lets the fallback order, crash handling and timeout
-    be tested, and shown end to end, on a machine without an AMD GPU.
-    """
-    if kind == "raise":
-        raise RuntimeError("HIP error: invalid device function (injected by ROCM_YOLO_CONVTEST_FAULT)")
-    if kind == "abort":
-        sys.stderr.write("Memory access fault by GPU node-1: injected by ROCM_YOLO_CONVTEST_FAULT\n")
-        sys.stderr.flush()
-        os.abort()
-    if kind == "hang":
-        while True:
-            time.sleep(1)
-
-
 def _child_main(device: str, strategies: list[str], amp: bool, stop_on_success: bool) -> int:
     """Report one JSON line per strategy; exit 3 after a failure so the parent starts afresh."""
 
@@ -142,12 +124,13 @@ def _child_main(device: str, strategies: list[str], amp: bool, stop_on_success: 
         sys.stdout.write(_PREFIX + json.dumps(record) + "\n")
         sys.stdout.flush()
 
+    from rocm_yolo import faults
+
     references: dict = {}
-    faults = dict(item.split("=", 1) for item in os.environ.get("ROCM_YOLO_CONVTEST_FAULT", "").split(",") if "=" in item)
     for strategy in strategies:
         emit({"start": strategy})
         try:
-            _inject_fault(faults.get(strategy))
+            faults.conv_fault(strategy)  # test hook: ROCM_YOLO_FAULT=conv-abort@native, ...
             err = _check_strategy(strategy, device, amp, references)
         except Exception as exc:  # noqa: BLE001 - every failure is a result
             emit({"strategy": strategy, "ok": False, "max_err": float("nan"), "error": _one_line(exc)})
@@ -159,13 +142,6 @@ def _child_main(device: str, strategies: list[str], amp: bool, stop_on_success: 
 
 
 # --------------------------------------------------------------------------- parent side
-
-
-def _signal_name(code: int) -> str:
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal {-code}"
 
 
 def _stderr_tail(path: str) -> str:
@@ -188,8 +164,7 @@ def _run_child(device, strategies, amp, stop_on_success, budget):
         err_path = err.name
     try:
         with open(err_path, "w") as err_file:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_file, stdin=subprocess.DEVNULL,
-                                    text=True, start_new_session=True)
+            proc = start(cmd, stdout=subprocess.PIPE, stderr=err_file, stdin=subprocess.DEVNULL, text=True)
         lines: queue.Queue = queue.Queue()
 
         def pump():
@@ -219,7 +194,7 @@ def _run_child(device, strategies, amp, stop_on_success, budget):
         if current is None and code in (0, 3):
             return results, None, None
         tail = _stderr_tail(err_path)
-        how = f"process died ({_signal_name(code)})" if code < 0 else f"process exited with code {code}"
+        how = f"process died ({signal_name(-code)})" if code < 0 else f"process exited with code {code}"
         return results, current, f"{how}: {tail}" if tail else how
     finally:
         os.unlink(err_path)
@@ -264,10 +239,8 @@ def run_selftest(device: str, strategies=STRATEGIES, timeout: float = 300.0, *, 
 
 
 def default_cache_dir() -> Path:
-    """``$ROCM_YOLO_CACHE_DIR``, else ``$XDG_CACHE_HOME/rocm-yolo``, else ``~/.cache/rocm-yolo``."""
-    if os.environ.get("ROCM_YOLO_CACHE_DIR"):
-        return Path(os.environ["ROCM_YOLO_CACHE_DIR"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rocm-yolo"
+    """rocm-yolo's cache directory (:func:`rocm_yolo.paths.cache_dir`)."""
+    return cache_dir()
 
 
 def _load_cache(path: Path) -> dict:

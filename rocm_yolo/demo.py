@@ -10,10 +10,11 @@ a kill mid-write never leave a half-written set behind.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from rocm_yolo.paths import demo_dir
 
 DEMO_VERSION = 1
 CLASSES = ("square", "circle", "triangle")
@@ -22,11 +23,7 @@ COLOURS = ((230, 60, 60), (60, 200, 60), (60, 90, 230))  # BGR, one per class
 
 def default_root() -> Path:
     """Where the demo set lives: ``$ROCM_YOLO_DEMO_DIR`` or the user's cache directory."""
-    env = os.environ.get("ROCM_YOLO_DEMO_DIR")
-    if env:
-        return Path(env).expanduser()
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "rocm-yolo" / f"demo-v{DEMO_VERSION}"
+    return demo_dir(DEMO_VERSION)
 
 
 def _draw(img, cls: int, cx: int, cy: int, r: int, colour) -> None:

@@ -9,23 +9,17 @@ no check can hang the doctor or leave a process behind.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
 import resource
-import signal
 import stat
-import subprocess
 import sys
-import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator
 
-from rocm_yolo.doctor import FAIL, OK, SKIP, WARN, Options, Row
-from rocm_yolo.proctree import kill_now
+from rocm_yolo.doctor_model import FAIL, OK, SKIP, WARN, Options, Row, loader_plan
+from rocm_yolo.proctree import Outcome, run_bounded
 
 FIX_GROUPS = "sudo usermod -aG render,video $USER, then log out and back in (or reboot)"
 RDNA1_HINT = "gfx101x (RX 5500/5600/5700)"
@@ -33,60 +27,6 @@ RDNA1_HINT = "gfx101x (RX 5500/5600/5700)"
 
 # ---------------------------------------------------------------------------------------
 # bounded subprocesses
-
-
-@dataclass
-class Outcome:
-    returncode: int | None  # None: killed on timeout
-    stdout: str
-    stderr: str
-    seconds: float
-    timed_out: bool = False
-
-    @property
-    def signal_name(self) -> str | None:
-        if self.returncode is not None and self.returncode < 0:
-            try:
-                return signal.Signals(-self.returncode).name
-            except ValueError:
-                return f"signal {-self.returncode}"
-        return None
-
-    def tail(self, n: int = 3) -> list[str]:
-        lines = [x.rstrip() for x in self.stderr.splitlines() if x.strip()]
-        return lines[-n:]
-
-
-def start_group(cmd: Sequence[str], env: dict | None = None) -> tuple[subprocess.Popen, object, object]:
-    """Start ``cmd`` in its own session (process group), output to temporary files."""
-    out, err = tempfile.TemporaryFile(mode="w+b"), tempfile.TemporaryFile(mode="w+b")
-    for handle in (out, err):  # appends: the child's writes never land where our reads seek
-        fcntl.fcntl(handle.fileno(), fcntl.F_SETFL, fcntl.fcntl(handle.fileno(), fcntl.F_GETFL) | os.O_APPEND)
-    proc = subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, start_new_session=True)
-    return proc, out, err
-
-
-def read_file(handle) -> str:
-    handle.seek(0)
-    return handle.read().decode(errors="replace")
-
-
-def run_bounded(cmd: Sequence[str], timeout: float, env: dict | None = None) -> Outcome:
-    """Run ``cmd`` to completion or for ``timeout`` seconds, whichever is first; never leaves a process."""
-    start = time.monotonic()
-    proc, out, err = start_group(cmd, env)
-    timed_out = False
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    finally:
-        kill_now(proc)  # also reaps anything a finished command left in its group
-    result = Outcome(None if timed_out else proc.returncode, read_file(out), read_file(err),
-                     time.monotonic() - start, timed_out)
-    out.close()
-    err.close()
-    return result
 
 
 def python_json(opts: Options, code: str, timeout: float, env: dict | None = None) -> tuple[dict | None, Outcome]:
@@ -449,18 +389,6 @@ def check_torch_gpu(opts: Options, gpus: list | None, kind: str) -> Iterator[Row
 
 # ---------------------------------------------------------------------------------------
 # 3. shared memory and open files
-
-
-def loader_plan(opts: Options) -> dict:
-    """Workers, validation workers and prefetch a training run with these options would use."""
-    from rocm_yolo.profiles import resolve
-
-    cpus = opts.cpus or os.cpu_count() or 1
-    resolved = resolve(opts.profile, opts.workers, cpu_count=cpus)
-    s = resolved.loader
-    val_workers = s.val_workers if s.val_workers is not None else min(2 * s.workers, cpus)
-    return {"workers": s.workers, "val_workers": val_workers if s.workers else 0,
-            "prefetch": s.prefetch_factor or 0, "warnings": list(resolved.warnings)}
 
 
 def shm_need(workers: int, val_workers: int, prefetch: int, batch: int, imgsz: int) -> int:

@@ -26,9 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from rocm_yolo.doctor import FAIL, OK, SKIP, WARN, Options, Row
-from rocm_yolo.doctor_checks import read_file, start_group
-from rocm_yolo.proctree import kill_now
+from rocm_yolo.doctor_model import FAIL, OK, SKIP, WARN, Options, Row, loader_plan
+from rocm_yolo.proctree import kill_now, read_file, signal_name, start_captured
 
 # Ultralytics' ultralytics.data.utils.IMG_FORMATS (8.4), copied: importing it imports torch.
 IMG_FORMATS = {"avif", "bmp", "dng", "heic", "heif", "jp2", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp"}
@@ -468,7 +467,7 @@ def run_probe(opts: Options, spec: dict, build_timeout: float) -> ProbeResult:
         json.dump(spec, f)
     code = "import sys; from rocm_yolo.doctor_data import probe_main; probe_main(sys.argv[1])"
     start = time.monotonic()
-    proc, out, err = start_group([opts.python, "-c", code, f.name], dict(os.environ))
+    proc, out, err = start_captured([opts.python, "-c", code, f.name], dict(os.environ))
     state, deadline, rebased = None, start + build_timeout, False
     try:
         while True:
@@ -498,15 +497,11 @@ def run_probe(opts: Options, spec: dict, build_timeout: float) -> ProbeResult:
     rc = proc.returncode
     message = tail[-1] if tail else f"exit code {rc}"
     if rc is not None and rc < 0:
-        import signal
-
-        return ProbeResult("crash", events, seconds, f"killed by {signal.Signals(-rc).name}", tail)
+        return ProbeResult("crash", events, seconds, f"killed by {signal_name(-rc)}", tail)
     return ProbeResult("error", events, seconds, message, tail)
 
 
 def check_loader(opts: Options, spec: DataSpec) -> Iterator[Row]:
-    from rocm_yolo.doctor_checks import loader_plan
-
     plan = loader_plan(opts)
     workers = opts.workers if opts.workers is not None else plan["workers"]
     batch = min(opts.batch, 8)

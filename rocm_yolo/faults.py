@@ -1,46 +1,81 @@
-"""Fault injection for tests and benchmarks: real hangs, real crashes, on request.
+"""Fault injection for tests and benchmarks: real hangs, crashes and bugs, on request.
 
-Set ``ROCM_YOLO_FAULT=KIND[@EPOCH:BATCH]`` in the environment of a training run:
+One variable, one grammar: ``ROCM_YOLO_FAULT=KIND[@WHERE][,KIND[@WHERE]...]``.
+
+Training faults, ``WHERE`` = ``EPOCH:BATCH`` (1-based; fired after that training batch):
 
 - ``worker-hang``: a DataLoader worker blocks forever in ``__getitem__`` (the trainer then
-  waits forever for its batch, as in the users' hangs);
-- ``main-hang``: the trainer's main thread blocks forever after a batch;
-- ``crash``: the trainer raises ``RuntimeError`` after a batch.
+  waits forever for its batch, as in the users' hangs); without ``@`` from the first item;
+- ``main-hang``: the trainer's main thread blocks forever;
+- ``crash``: the trainer raises ``RuntimeError`` (a training error: restarted);
+- ``bug``: the trainer raises ``KeyError`` from rocm-yolo's own code (an internal error);
+  ``bug@setup`` raises it before training starts.
 
-``@EPOCH:BATCH`` (1-based) says when; without it a worker hang starts at the first item.
-A fault fires once per run directory (a marker file records it), so the run that the
-watchdog restarts is healthy. Nothing here is active unless the variable is set.
+Conv self-test faults, ``WHERE`` = a strategy name: ``conv-raise`` imitates a HIP error,
+``conv-abort`` a GPU memory access fault (SIGABRT), ``conv-hang`` a stuck kernel.
+
+A training fault fires once per run directory (a marker file records it), so the run that
+the watchdog restarts is healthy. Nothing here is active unless the variable is set.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import time
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Mapping
+
+from rocm_yolo.paths import RunPaths
 
 ENV = "ROCM_YOLO_FAULT"
-TRIGGER_ENV = "ROCM_YOLO_FAULT_TRIGGER"  # file whose existence tells workers to hang (set by the child)
-KINDS = ("worker-hang", "main-hang", "crash")
+TRIGGER_ENV = "ROCM_YOLO_FAULT_TRIGGER"  # file whose existence tells workers to hang (set by the trainer)
+TRAINING = ("worker-hang", "main-hang", "crash", "bug")
+CONV = ("conv-raise", "conv-abort", "conv-hang")
+KINDS = TRAINING + CONV
 
 
 @dataclass(frozen=True)
 class Fault:
     kind: str
-    epoch: int | None = None
+    epoch: int | None = None  # training faults: when (None: at once / from the start)
     batch: int | None = None
+    where: str | None = None  # conv faults: the strategy; "setup" for bug@setup
 
 
-def parse(text: str | None) -> Fault | None:
-    if not text:
-        return None
-    kind, _, when = text.strip().partition("@")
-    if kind not in KINDS:
-        raise ValueError(f"{ENV}={text!r}: unknown fault '{kind}', choose one of {', '.join(KINDS)}")
-    if not when:
-        return Fault(kind)
-    epoch, _, batch = when.partition(":")
-    return Fault(kind, int(epoch), int(batch or 1))
+def parse(text: str | None) -> list[Fault]:
+    """The faults in ``text`` (the variable's value); ValueError names a malformed item."""
+    out = []
+    for item in (x.strip() for x in (text or "").split(",")):
+        if not item:
+            continue
+        kind, _, where = item.partition("@")
+        if kind not in KINDS:
+            raise ValueError(f"{ENV}: unknown fault '{kind}' in {item!r}: choose one of {', '.join(KINDS)}")
+        if kind in CONV:
+            if not where:
+                raise ValueError(f"{ENV}: {kind} needs a strategy, e.g. {kind}@native")
+            out.append(Fault(kind, where=where))
+        elif where == "setup" and kind == "bug":
+            out.append(Fault(kind, where="setup"))
+        elif where:
+            epoch, _, batch = where.partition(":")
+            try:
+                out.append(Fault(kind, int(epoch), int(batch or 1)))
+            except ValueError:
+                raise ValueError(f"{ENV}: {item!r}: write {kind}@EPOCH:BATCH, e.g. {kind}@2:1") from None
+        else:
+            out.append(Fault(kind))
+    return out
+
+
+def active(env: Mapping[str, str] = os.environ) -> list[Fault]:
+    return parse(env.get(ENV))
+
+
+def find(kind: str, env: Mapping[str, str] = os.environ) -> Fault | None:
+    return next((f for f in active(env) if f.kind == kind), None)
 
 
 def block_forever() -> None:
@@ -48,10 +83,39 @@ def block_forever() -> None:
     threading.Event().wait()
 
 
+class InjectedBug(KeyError):
+    """What ``bug`` raises: a KeyError, the kind of exception a real bug throws."""
+
+
+def raise_bug(where: str) -> None:
+    raise InjectedBug(f"injected bug ({ENV}) {where}")
+
+
+# --------------------------------------------------------------------------- conv self-test
+
+
+def conv_fault(strategy: str, env: Mapping[str, str] = os.environ) -> None:
+    """In the conv self-test child: imitate a GPU failure of ``strategy`` if one is requested."""
+    fault = next((f for f in active(env) if f.kind in CONV and f.where == strategy), None)
+    if fault is None:
+        return
+    if fault.kind == "conv-raise":
+        raise RuntimeError(f"HIP error: invalid device function (injected by {ENV})")
+    if fault.kind == "conv-abort":
+        sys.stderr.write(f"Memory access fault by GPU node-1: injected by {ENV}\n")
+        sys.stderr.flush()
+        os.abort()
+    while True:  # conv-hang
+        time.sleep(1)
+
+
+# --------------------------------------------------------------------------- training
+
+
 def arm_worker(dataset) -> None:
     """In a DataLoader worker: make this worker's ``__getitem__`` hang once the trigger exists."""
-    fault = parse(os.environ.get(ENV))
-    if fault is None or fault.kind != "worker-hang" or dataset is None:
+    fault = find("worker-hang")
+    if fault is None or dataset is None:
         return
     trigger = os.environ.get(TRIGGER_ENV) if fault.epoch is not None else None
     cls = type(dataset)
@@ -66,31 +130,47 @@ def arm_worker(dataset) -> None:
 
 
 class Injector:
-    """Trainer side: Ultralytics callbacks that fire the fault at EPOCH:BATCH, once per run."""
+    """Trainer side: Ultralytics callbacks that fire the training faults, each once per run."""
 
-    def __init__(self, fault: Fault, state_dir: Path):
-        self.fault = fault
-        self.fired_marker = state_dir / "fault.fired"
-        self.trigger = state_dir / "fault.trigger"
+    def __init__(self, faults: list[Fault], paths: RunPaths):
+        self.faults = [f for f in faults if f.kind in TRAINING]
+        self.paths = paths
         self.batch = 0
-        self.trigger.unlink(missing_ok=True)  # a restarted run starts with healthy workers
-        os.environ[TRIGGER_ENV] = str(self.trigger)
+        paths.fault_trigger.unlink(missing_ok=True)  # a restarted run starts with healthy workers
+        os.environ[TRIGGER_ENV] = str(paths.fault_trigger)
+
+    def _claim(self, fault: Fault) -> bool:
+        marker = self.paths.fault_fired(fault.kind)
+        if marker.exists():
+            return False
+        marker.write_text(f"{fault.kind} at epoch {fault.epoch} batch {fault.batch}\n")
+        return True
+
+    def on_pretrain_routine_start(self, trainer) -> None:
+        for f in self.faults:
+            if f.kind == "bug" and f.where == "setup" and self._claim(f):
+                raise_bug("before training")
 
     def on_train_epoch_start(self, trainer) -> None:
         self.batch = 0
 
     def on_train_batch_end(self, trainer) -> None:
         self.batch += 1
-        f = self.fault
-        if f.epoch is None or (trainer.epoch + 1, self.batch) != (f.epoch, f.batch) or self.fired_marker.exists():
-            return
-        self.fired_marker.write_text(f"{f.kind} at epoch {f.epoch} batch {f.batch}\n")
-        if f.kind == "worker-hang":
-            self.trigger.write_text("hang\n")
-        elif f.kind == "main-hang":
-            block_forever()
-        elif f.kind == "crash":
-            raise RuntimeError(f"injected crash ({ENV}) at epoch {f.epoch} batch {f.batch}")
+        for f in self.faults:
+            if f.epoch is None or (trainer.epoch + 1, self.batch) != (f.epoch, f.batch) or not self._claim(f):
+                continue
+            if f.kind == "worker-hang":
+                self.paths.fault_trigger.write_text("hang\n")
+            elif f.kind == "main-hang":
+                block_forever()
+            elif f.kind == "crash":
+                raise RuntimeError(f"injected crash ({ENV}) at epoch {f.epoch} batch {f.batch}")
+            elif f.kind == "bug":
+                raise_bug(f"at epoch {f.epoch} batch {f.batch}")
 
     def callbacks(self) -> dict:
-        return {"on_train_epoch_start": self.on_train_epoch_start, "on_train_batch_end": self.on_train_batch_end}
+        return {
+            "on_pretrain_routine_start": self.on_pretrain_routine_start,
+            "on_train_epoch_start": self.on_train_epoch_start,
+            "on_train_batch_end": self.on_train_batch_end,
+        }

@@ -1,12 +1,17 @@
 """The heartbeat: how the training child tells the supervisor (and ``rocm-yolo status``) it lives.
 
-The writer is a set of ordinary Ultralytics callbacks. It writes ``heartbeat.json`` in the
-run's rocm-yolo directory atomically (temporary file, then rename), at most about once a
-second, plus at every phase change (setup, train, val, save, done). Each write carries a
-sequence number that grows with every event, so "no progress" is "no new sequence number",
-whatever the clocks say. The per-batch cost is two ``time.monotonic()`` calls and a compare.
+The writer is a set of ordinary Ultralytics callbacks. Each beat is one JSON record, sent
+two ways: as a line down a pipe the supervisor gave the child (``ROCM_YOLO_HEARTBEAT_FD``),
+which needs no disk, and into ``heartbeat.json`` in the run's rocm-yolo directory
+(atomically), which ``rocm-yolo status`` reads from another terminal. It beats at most about
+once a second, plus at every phase change (setup, train, val, save, done). Each record
+carries a sequence number that grows with every event, so "no progress" is "no new sequence
+number", whatever the clocks say. The per-batch cost is two ``time.monotonic()`` calls and a
+compare.
 
-The reader returns ``None`` for a missing or half-written file instead of raising.
+A heartbeat file that cannot be written (a full or read-only disk) is said once, and is not
+taken for a hang: the supervisor listens to the pipe. Readers return ``None`` for a missing,
+half-written or badly typed record instead of raising.
 """
 
 from __future__ import annotations
@@ -14,10 +19,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Callable
 
-FILENAME = "heartbeat.json"
+from rocm_yolo.fsutil import write_atomic
+
+FD_ENV = "ROCM_YOLO_HEARTBEAT_FD"  # the write end of the supervisor's pipe, in the child
 MIN_INTERVAL = 1.0  # seconds between writes inside one phase
 
 
@@ -39,31 +47,77 @@ class Heartbeat:
     started: float  # wall clock when this attempt started
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so readers see the old file or the new one, never half of it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+_TYPES = {f.name: (float if f.type == "float" else int if f.type == "int" else str) for f in fields(Heartbeat)}
+
+
+def parse(text: str) -> Heartbeat | None:
+    """A heartbeat from one JSON record, or None if it is not one (wrong keys or types)."""
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or set(data) != set(_TYPES):
+        return None
+    for key, kind in _TYPES.items():
+        value = data[key]
+        ok = isinstance(value, str) if kind is str else isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok or (kind is int and float(value) != int(value)):
+            return None
+    return Heartbeat(**data)
 
 
 def read(path: str | os.PathLike) -> Heartbeat | None:
     try:
-        data = json.loads(Path(path).read_text())
-        return Heartbeat(**data)
-    except (OSError, ValueError, TypeError):
+        return parse(Path(path).read_text())
+    except OSError:
         return None
+
+
+class PipeReader:
+    """The supervisor's end of the heartbeat pipe: the newest complete record, without blocking."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        os.set_blocking(fd, False)
+        self.pending = b""
+        self.latest: Heartbeat | None = None
+
+    def read(self) -> Heartbeat | None:
+        while self.fd >= 0:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:  # the child closed its end (exited)
+                self.close()
+                break
+            self.pending += chunk
+        *lines, self.pending = self.pending.split(b"\n")
+        for line in reversed(lines):
+            hb = parse(line.decode("utf-8", "replace"))
+            if hb is not None:
+                self.latest = hb
+                break
+        return self.latest
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 class HeartbeatWriter:
     """Ultralytics callbacks that keep ``heartbeat.json`` current; they never raise."""
 
-    def __init__(self, path: Path, attempt: int = 1, clock=time.monotonic):
+    def __init__(self, path: Path, attempt: int = 1, clock=time.monotonic, pipe_fd: int | None = None,
+                 on_error: Callable[[str], None] | None = None):
         self.path = Path(path)
         self.clock = clock
+        self.pipe_fd = pipe_fd if pipe_fd is not None else _fd_from_env()
+        self.on_error = on_error
+        self.file_error: str | None = None  # set once the file could not be written
         self.seq = 0
         self.state = {
             "pid": os.getpid(),
@@ -100,11 +154,33 @@ class HeartbeatWriter:
                 "it_s": round(self.it_s, 3),
                 "time": time.time(),
             }
-            write_atomic(self.path, json.dumps(record))
+            text = json.dumps(record)
+            self._send(text)
+            self._write_file(text)
             self.last_write = now
             self.step_max = 0.0
         except Exception:  # a heartbeat must never break training
             pass
+
+    def _send(self, text: str) -> None:
+        if self.pipe_fd is None:
+            return
+        try:
+            os.write(self.pipe_fd, text.encode() + b"\n")  # < PIPE_BUF: one atomic write
+        except BlockingIOError:
+            pass  # the supervisor is behind: it only needs the newest record anyway
+        except OSError:
+            self.pipe_fd = None  # the supervisor is gone
+
+    def _write_file(self, text: str) -> None:
+        try:
+            write_atomic(self.path, text)
+        except OSError as e:
+            if self.file_error is None:  # say it once; the supervisor still hears the pipe
+                self.file_error = f"{e.strerror or e}"
+                if self.on_error is not None:
+                    self.on_error(f"cannot write the heartbeat file {self.path} ({self.file_error}); the watchdog "
+                                  "still hears the trainer, but 'rocm-yolo status' shows the last progress written")
 
     def _step(self, train: bool = True) -> None:
         now = self.clock()
@@ -161,3 +237,14 @@ class HeartbeatWriter:
             "on_train_end": self.on_train_end,
         }
 
+
+
+def _fd_from_env() -> int | None:
+    value = os.environ.get(FD_ENV, "")
+    try:
+        fd = int(value)
+        os.fstat(fd)
+    except (ValueError, OSError):
+        return None
+    os.set_blocking(fd, False)
+    return fd

@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from rocm_yolo import checkpoints
 from rocm_yolo.log import RunLog
 from rocm_yolo.patches import dataloader as loader_patch
@@ -44,9 +46,11 @@ class RunHooks:
             setattr(args, key, value)
         original = trainer.get_dataloader
 
-        def get_dataloader(dataset_path, batch_size=16, rank=0, mode="train"):
+        @functools.wraps(original)
+        def get_dataloader(*args, **kwargs):  # any signature: only the role is read
+            mode = kwargs.get("mode", args[3] if len(args) > 3 else "train")
             with loader_patch.loader_role(mode):
-                return original(dataset_path, batch_size, rank, mode)
+                return original(*args, **kwargs)
 
         trainer.get_dataloader = get_dataloader
 

@@ -6,15 +6,18 @@ and run the same child process. Nothing here imports torch or ultralytics.
 
 from __future__ import annotations
 
+import shutil
 import signal
 import threading
 from pathlib import Path
 from typing import Any, Mapping
 
-from rocm_yolo import checkpoints, ucfg
-from rocm_yolo.profiles import DEFAULT_LADDER, DEFAULT_PROFILE, LOADER_KEYS, UsageError, resolve
+from rocm_yolo import checkpoints, ownership, ucfg
+from rocm_yolo.errors import UsageError
+from rocm_yolo.paths import RunPaths
+from rocm_yolo.profiles import DEFAULT_LADDER, DEFAULT_PROFILE, LOADER_KEYS, resolve
 from rocm_yolo.spec import RunSpec, latest_spec
-from rocm_yolo.supervisor import RunResult, Supervisor, WatchdogConfig
+from rocm_yolo.supervisor import RunResult, State, Supervisor, WatchdogConfig
 
 CONV_STRATEGIES = ("auto", "native", "aten", "fp32", "gemm")
 # Flags that are also Ultralytics train arguments (KEY=VALUE may not set them a second time).
@@ -67,31 +70,64 @@ def _resolve_data(data: str) -> str:
     raise UsageError(f"data file not found: {data} (pass a dataset YAML, or 'demo' for the built-in demo set)")
 
 
+def _check_name(name: str) -> str:
+    """``--name`` names a directory inside ``--project``: no absolute path, no ``..``."""
+    parts = Path(name).parts
+    if not name or Path(name).is_absolute() or ".." in parts or name in (".", ""):
+        raise UsageError(f"--name {name!r} must stay inside --project: give a plain name such as 'exp1' "
+                         "(use --project to choose where runs go)")
+    return name
+
+
 def _run_dir(project: Path, name: str, exist_ok: bool) -> Path:
-    """Ultralytics' naming (``train``, ``train-2``, ...), decided here so the supervisor knows the directory."""
+    """The run directory for a new run, claimed (created) now and locked by this process.
+
+    Ultralytics' naming: ``train``, ``train-2``, ... With ``exist_ok=True`` an existing
+    directory is reused, unless it holds a run to resume or another supervisor holds it.
+    """
     path = project / name
-    if path.exists() and exist_ok:
-        if (path / "weights" / "last.pt").exists():
-            raise UsageError(f"{path} already holds weights/last.pt: continue it with --resume {path / 'weights' / 'last.pt'}, "
+    if exist_ok and path.is_dir():
+        ownership.acquire(path)  # refuses a live run before anything is touched
+        if RunPaths(path).last.exists():
+            ownership.release(path)
+            raise UsageError(f"{path} already holds weights/last.pt: continue it with --resume {RunPaths(path).last}, "
                              "or choose another --name")
         return path
-    n = 2
-    while path.exists():
-        path = project / f"{name}-{n}"
-        n += 1
+    path = ownership.claim_run_dir(project, name)
+    ownership.acquire(path)
     return path
 
 
-def _find_resume(resume: str | bool, project: Path) -> tuple[Path, str | None]:
+def _find_resume(resume: str | bool, project: Path) -> Path:
+    """The ``weights/last.pt`` a ``--resume`` means; it must sit in a run directory."""
     if resume is True or resume == "":
         last = checkpoints.find_latest(project)
         if last is None:
             raise UsageError(f"no last.pt under {project} to resume: pass the checkpoint, e.g. --resume runs/detect/train/weights/last.pt")
-    else:
-        last = Path(str(resume)).expanduser()
-        if last.is_dir():
-            last = last / "weights" / "last.pt" if (last / "weights").is_dir() else last / "last.pt"
-    return checkpoints.choose_resume(last)
+        return last
+    last = Path(str(resume)).expanduser().resolve()
+    if last.is_dir():
+        last = RunPaths(last).last if (last / "weights").is_dir() else last / "last.pt"
+    if last.parent.name != "weights":
+        raise UsageError(f"--resume {resume}: a resume continues a run, so it takes RUN/weights/last.pt; "
+                         f"to start a new run from these weights use --model {resume}")
+    return last
+
+
+def _check_device(device: object) -> None:
+    """One GPU per run: Ultralytics' multi-GPU (DDP) ranks run without rocm-yolo's callbacks."""
+    text = str(device if device is not None else "").strip().strip("[]()")
+    ids = [x.strip() for x in text.split(",") if x.strip()]
+    if len(ids) > 1:
+        raise UsageError(f"--device {device}: multi-GPU training is not supported yet (Ultralytics starts its DDP ranks "
+                         "itself, where rocm-yolo cannot watch them or patch their DataLoaders); train on one GPU, "
+                         f"e.g. --device {ids[0]}")
+
+
+def default_model(data: str | None) -> str:
+    """Ultralytics' detect default of the installed version; as a YAML for the demo (no download)."""
+    name = ucfg.load().task2model.get("detect", "yolo26n.pt")
+    return str(Path(name).with_suffix(".yaml")) if data == "demo" else name
 
 
 def make_spec(
@@ -141,21 +177,22 @@ def make_spec(
     if conv is not None:
         user_keys.add("conv")
 
-    notes: list[str] = []
     previous = None
     project_dir = Path(flags["project"] or Path("runs") / _task(flags["model"] or "")).expanduser().resolve()
-    if resume is not None and resume is not False:
-        ckpt, note = _find_resume(resume, project_dir)
-        if note:
-            notes.append(note)
-        run_dir = ckpt.parent.parent
+    name = _check_name(str(flags["name"] or "train"))
+    _check_device(flags["device"] if flags["device"] is not None else extra.get("device"))
+    resume_notes: list[str] = []
+    resuming = resume is not None and resume is not False
+    if resuming:
+        last = _find_resume(resume, project_dir)
+        run_dir = last.parent.parent
         previous = latest_spec(run_dir)
         if profile is None and previous is not None:
             profile = previous.profile
         if workers is None and flags["workers"] is None and previous is not None and profile == previous.profile:
             flags["workers"] = previous.loader.workers
         if previous is not None and profile != previous.profile:
-            notes.append(f"resume changes the profile: {previous.profile} -> {profile}")
+            resume_notes.append(f"resume changes the profile: {previous.profile} -> {profile}")
         elif previous is not None:  # same profile: the user's own settings of that run still hold
             for key in LOADER_KEYS & set(previous.user_keys) - set(loader_overrides):
                 loader_overrides[key] = getattr(previous.loader, key)
@@ -166,7 +203,6 @@ def make_spec(
             conv = previous.conv
             user_keys.add("conv")
         data_path = _resolve_data(data) if data else (previous.data if previous else "")
-        model_name = str(ckpt)
         train_args: dict[str, Any] = {"data": data_path} if data else {}  # a moved data set: say where it is now
         if data:
             user_keys.add("data")
@@ -178,21 +214,31 @@ def make_spec(
             for key, value in DEMO_DEFAULTS.items():
                 if flags.get(key) is None and key not in extra:
                     extra[key] = value
-        model_name = str(flags["model"] or ("yolo26n.yaml" if data == "demo" else ucfg.load().task2model.get("detect", "yolo26n.pt")))
+        model_name = str(flags["model"] or default_model(data))
         if flags["model"] and not Path(model_name).suffix:
             raise UsageError(f"--model {model_name}: give a .pt checkpoint or a .yaml model definition (e.g. yolo26n.yaml)")
-        run_dir = _run_dir(project_dir, str(flags["name"] or "train"), bool(extra.get("exist_ok", False)))
-        ckpt = None
         train_args = {"data": data_path}
     resolved = resolve(profile or DEFAULT_PROFILE, flags["workers"], loader_overrides, val=val)
-    notes = [*resolved.warnings, *notes]
     for key in ("epochs", "imgsz", "batch", "device"):
         if flags[key] is not None:
             train_args[key] = flags[key]
     train_args.update(extra)
-    if ckpt is None:
+
+    # Everything the user gave is valid: only now take the run directory (and hold it).
+    notes = list(resolved.warnings)
+    if resuming:
+        ownership.acquire(run_dir)  # refuses a live run before anything in it is touched
+        try:
+            ckpt, note = checkpoints.choose_resume(last)
+        except BaseException:
+            ownership.release(run_dir)
+            raise
+        notes += ([note] if note else []) + resume_notes
+        model_name = str(ckpt)
+    else:
+        ckpt = None
+        run_dir = _run_dir(project_dir, name, bool(extra.get("exist_ok", False)))
         train_args.update(project=str(run_dir.parent), name=run_dir.name, exist_ok=True)
-        run_dir.mkdir(parents=True, exist_ok=True)  # claim the name now
     return RunSpec(
         data=data_path,
         model=model_name,
@@ -211,16 +257,34 @@ def make_spec(
 
 
 def run(spec: RunSpec, config: WatchdogConfig, *, user_resume: bool = False) -> RunResult:
-    """Run ``spec`` under the supervisor; Ctrl-C and SIGTERM stop the whole tree."""
-    supervisor = Supervisor(spec, config, user_resume=user_resume)
-    previous = supervisor.install_signal_handlers() if threading.current_thread() is threading.main_thread() else {}
+    """Run ``spec`` under the supervisor; Ctrl-C and SIGTERM stop the whole tree.
+
+    The run directory stays locked to this process until the supervisor is done. A new run
+    that ends in a usage error (the child found the data unusable) leaves no directory.
+    """
+    ownership.acquire(spec.run_dir)  # held already when the spec came from make_spec
     try:
-        for note in spec.notes:
-            supervisor.log.info(note)
-        return supervisor.run()
+        supervisor = Supervisor(spec, config, user_resume=user_resume)
+        previous = supervisor.install_signal_handlers() if threading.current_thread() is threading.main_thread() else {}
+        try:
+            for note in spec.notes:
+                supervisor.log.info(note)
+            result = supervisor.run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        ownership.release(spec.run_dir)
+    if result.state == State.USAGE_ERROR and spec.attempt == 1 and spec.resume is None:
+        _remove_fresh_run(Path(spec.run_dir))
+    return result
+
+
+def _remove_fresh_run(run_dir: Path) -> None:
+    """Remove a run directory this invocation created, if it holds no weights."""
+    if any(RunPaths(run_dir).weights.glob("*.pt")) or ownership.holder(run_dir):
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def train(

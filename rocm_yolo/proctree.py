@@ -11,19 +11,48 @@ waits without a limit.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import psutil
 
 DUMP_SIGNAL = signal.SIGUSR1  # faulthandler is registered on it in the trainer and every worker
 PR_SET_PDEATHSIG = 1
 PR_SET_PTRACER = 0x59616D61  # Yama: let the supervisor's py-spy (its child) attach to the trainer
+SUPERVISOR_ENV = "ROCM_YOLO_SUPERVISOR_PID"  # set for the trainer; its workers inherit it
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+    except OSError:
+        return None
+
+
+_LIBC = _libc()  # loaded once here: a preexec_fn must not load libraries after fork
+
+
+def signal_name(signum: int) -> str:
+    """``SIGKILL`` for 9; ``signal 40`` for a real-time or unknown number (never raises)."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _pdeathsig_kill() -> None:
+    """preexec_fn: the new process is SIGKILLed when the thread that started it dies."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def die_with_parent(parent_pid: int = 0) -> None:
@@ -33,22 +62,28 @@ def die_with_parent(parent_pid: int = 0) -> None:
     runtime deadlock) never runs a Python handler. ``parent_pid`` (if given) may also attach
     py-spy to this process under Yama's ptrace restrictions.
     """
-    if not sys.platform.startswith("linux"):
+    if _LIBC is None:
         return
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if parent_pid:  # fails harmlessly without Yama; faulthandler needs no ptrace anyway
-            libc.prctl(PR_SET_PTRACER, parent_pid, 0, 0, 0)
-    except (OSError, AttributeError):
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        tracer = int(os.environ.get(SUPERVISOR_ENV, "0") or 0) or parent_pid
+        if tracer:  # fails harmlessly without Yama; faulthandler needs no ptrace anyway
+            _LIBC.prctl(PR_SET_PTRACER, tracer, 0, 0, 0)
+    except (OSError, AttributeError, ValueError):
         return
     if parent_pid and os.getppid() != parent_pid:  # the parent died before the call above
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def start(cmd: list[str], env: dict | None = None, cwd: str | None = None) -> subprocess.Popen:
-    """Start ``cmd`` in a new session; stdout and stderr stay the terminal's."""
-    return subprocess.Popen(cmd, env=env, cwd=cwd, start_new_session=True)
+def start(cmd: list[str], env: dict | None = None, cwd: str | None = None, *, pass_fds=(), **popen) -> subprocess.Popen:
+    """Start ``cmd`` in a new session that dies with this process (even if it is SIGKILLed).
+
+    The kernel sends SIGKILL to the new process when the thread that started it exits
+    (``PR_SET_PDEATHSIG``, set between fork and exec): no orphan keeps the GPU. stdout and
+    stderr stay the caller's unless ``popen`` says otherwise.
+    """
+    return subprocess.Popen(cmd, env=env, cwd=cwd, start_new_session=True, pass_fds=pass_fds,
+                            preexec_fn=_pdeathsig_kill, **popen)
 
 
 def members(pid: int) -> list[psutil.Process]:
@@ -96,21 +131,37 @@ def send(procs: list[psutil.Process], sig: int) -> None:
 
 
 def kill(pid: int, term_timeout: float = 8.0, kill_timeout: float = 4.0) -> list[int]:
-    """SIGTERM the whole tree of ``pid``, wait up to ``term_timeout``, SIGKILL the rest.
+    """Stop the whole tree of ``pid``: SIGTERM, a bounded wait, SIGKILL for the rest.
 
-    Returns the pids still alive afterwards (stuck in uninterruptible sleep), never blocks
-    longer than ``term_timeout + kill_timeout`` plus a few psutil calls.
+    The leader (the trainer) gets SIGTERM first and up to half of ``term_timeout`` to shut
+    its own workers down, so they are not killed under it (torch would report each one);
+    then every process left gets SIGTERM, then SIGKILL. Returns the pids still alive
+    afterwards (stuck in uninterruptible sleep); never blocks longer than ``term_timeout +
+    kill_timeout`` plus a few psutil calls.
     """
     procs = members(pid)
     if not procs:
         return []
-    send(procs, signal.SIGTERM)
-    _, alive = psutil.wait_procs(procs, timeout=term_timeout)
-    alive += [p for p in members(pid) if p.pid not in {a.pid for a in alive} and p.is_running()]
-    if alive:
-        send(alive, signal.SIGKILL)
-        _, alive = psutil.wait_procs(alive, timeout=kill_timeout)
-    return [p.pid for p in alive]
+    deadline = time.monotonic() + term_timeout
+    leader = [p for p in procs if p.pid == pid]
+    if leader:
+        send(leader, signal.SIGTERM)
+        psutil.wait_procs(leader, timeout=term_timeout / 2)
+    alive = {p.pid: p for p in procs + members(pid) if _running(p)}
+    send(list(alive.values()), signal.SIGTERM)
+    _, still = psutil.wait_procs(list(alive.values()), timeout=max(0.0, deadline - time.monotonic()))
+    still += [p for p in members(pid) if p.pid not in {a.pid for a in still} and _running(p)]
+    if still:
+        send(still, signal.SIGKILL)
+        _, still = psutil.wait_procs(still, timeout=kill_timeout)
+    return [p.pid for p in still]
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def kill_now(proc: subprocess.Popen, timeout: float = 5.0) -> list[int]:
@@ -190,3 +241,57 @@ def _py_spy(exe: str, pid: int, timeout: float) -> str:
         return f"--- py-spy: {e}"
     text = (proc.stdout or proc.stderr).strip()
     return f"--- py-spy dump --native (exit {proc.returncode}):\n{text}"
+
+
+# --------------------------------------------------------------------------- bounded helpers
+
+
+@dataclass
+class Outcome:
+    returncode: int | None  # None: killed on timeout
+    stdout: str
+    stderr: str
+    seconds: float
+    timed_out: bool = False
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.returncode is not None and self.returncode < 0:
+            return signal_name(-self.returncode)
+        return None
+
+    def tail(self, n: int = 3) -> list[str]:
+        lines = [x.rstrip() for x in self.stderr.splitlines() if x.strip()]
+        return lines[-n:]
+
+
+def start_captured(cmd: Sequence[str], env: dict | None = None) -> tuple[subprocess.Popen, object, object]:
+    """Start ``cmd`` in its own session (process group), output to temporary files."""
+    out, err = tempfile.TemporaryFile(mode="w+b"), tempfile.TemporaryFile(mode="w+b")
+    for handle in (out, err):  # appends: the child's writes never land where our reads seek
+        fcntl.fcntl(handle.fileno(), fcntl.F_SETFL, fcntl.fcntl(handle.fileno(), fcntl.F_GETFL) | os.O_APPEND)
+    proc = start(list(cmd), env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)  # dies with the doctor
+    return proc, out, err
+
+
+def read_file(handle) -> str:
+    handle.seek(0)
+    return handle.read().decode(errors="replace")
+
+
+def run_bounded(cmd: Sequence[str], timeout: float, env: dict | None = None) -> Outcome:
+    """Run ``cmd`` to completion or for ``timeout`` seconds, whichever is first; never leaves a process."""
+    began = time.monotonic()
+    proc, out, err = start_captured(cmd, env)
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        kill_now(proc)  # also reaps anything a finished command left in its group
+    result = Outcome(None if timed_out else proc.returncode, read_file(out), read_file(err),
+                     time.monotonic() - began, timed_out)
+    out.close()
+    err.close()
+    return result

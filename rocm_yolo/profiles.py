@@ -15,9 +15,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Mapping
 
-
-class UsageError(ValueError):
-    """A user error: a bad flag, KEY=VALUE, path or profile. Shown as one line, exit code 2."""
+from rocm_yolo.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -287,7 +285,6 @@ __all__ = [
     "PROFILES",
     "Profile",
     "Resolved",
-    "UsageError",
     "get_profile",
     "next_profile",
     "parse_ladder",

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from rocm_yolo.paths import miopen_dir
+
 __all__ = [
     "KFD_ROOT",
     "GpuNode",
@@ -230,13 +232,6 @@ class Preset:
     reason: str
 
 
-def _cache_home(env: Mapping[str, str]) -> Path:
-    if env.get("XDG_CACHE_HOME"):
-        return Path(env["XDG_CACHE_HOME"])
-    home = env.get("HOME") or str(Path.home())
-    return Path(home) / ".cache"
-
-
 def _is_gfx101x(arch: str | None) -> bool:
     return bool(arch) and arch.startswith("gfx101") and len(arch) == 7
 
@@ -254,7 +249,7 @@ def presets(arch: str | None, user_args: Mapping[str, object], env: Mapping[str,
     override = env.get("HSA_OVERRIDE_GFX_VERSION", "").strip()
     # The kernels MIOpen compiles and caches depend on the ISA the runtime reports, which
     # HSA_OVERRIDE_GFX_VERSION changes: keep one cache per (arch, override).
-    miopen = _cache_home(env) / "rocm-yolo" / "miopen" / (f"{arch}-hsa{override}" if override else arch)
+    miopen = miopen_dir(arch, override, env)
     wanted = [
         ("arg", "amp", False,
          "fp16 is broken on gfx101x; Ultralytics' AMP check downloads weights and lets HIP errors escape"),

@@ -1,31 +1,33 @@
-"""The training child's steps 2-4: environment and presets, the conv patch, and the run.
+"""The training child's steps 2-4: environment and presets, checked imports, the patches, the run.
 
 Kept apart from ``_child.py`` so that module stays a short, ordered list of steps.
-``prepare_environment`` must not import torch: it runs before the patches.
+``prepare_environment`` must not import torch: it runs before the patches. Every failure
+ends here as one line and an exit code (:func:`report_setup_failure` before training,
+:func:`report_training_failure` during it).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rocm_yolo import rocm
-from rocm_yolo.heartbeat import write_atomic
+from rocm_yolo import errors, rocm
+from rocm_yolo.errors import CHILD_FINISHED, OK, SetupError, UsageError
+from rocm_yolo.fsutil import write_atomic
 from rocm_yolo.log import RunLog
 from rocm_yolo.profiles import LoaderSettings
 from rocm_yolo.spec import RunSpec
 
-from rocm_yolo.exitcodes import CHILD_FINISHED, CHILD_SETUP_FAILED, OK, USAGE
-
-# Errors Ultralytics raises for bad data or arguments before training starts: not retried.
-USER_ERRORS = (FileNotFoundError, NotADirectoryError, ValueError, TypeError, KeyError, SyntaxError)
 RESUME_CHANGES = ("workers", "val", "batch", "imgsz", "device")
+# Exceptions that mean a programming error when rocm-yolo's own code raised them.
+BUG_TYPES = (TypeError, AttributeError, NameError, KeyError, IndexError, AssertionError, UnboundLocalError)
 
 
-class RunFinished(ValueError):
+class RunFinished(UsageError):
     """The checkpoint to resume belongs to a run that has already trained all its epochs."""
 
 
@@ -69,7 +71,10 @@ def install_conv(spec: RunSpec, env: Environment) -> str:
 
     device = "cpu" if str(spec.train_args.get("device")) == "cpu" else "cuda"
     amp = env.args.get("amp", spec.train_args.get("amp", True)) not in (False, "fp32")
-    strategy, line = convtest.resolve_strategy(env.conv, env.arch, device=device, amp=amp)
+    try:
+        strategy, line = convtest.resolve_strategy(env.conv, env.arch, device=device, amp=amp)
+    except convtest.SelfTestError as e:  # a restart would find none either
+        raise SetupError(f"no working Conv2d strategy: {e}") from e
     if strategy != "native":
         conv_patch.install(strategy)
     env.conv = strategy
@@ -116,7 +121,7 @@ def train_args(spec: RunSpec, env: Environment, log: RunLog, ckpt: dict | None =
             f"the run in {spec.run_dir} has already finished all {epochs} epochs: nothing to resume "
             "(start a new run without --resume to train again)"
         )
-    _trim_results(Path(spec.run_dir) / "results.csv", epoch + 1, log)
+    _trim_results(spec.paths.results, spec.paths.results_backup, epoch + 1, log)
     changed = [f"{k} {saved.get(k)!r} -> {args[k]!r}" for k in RESUME_CHANGES if k in args and saved.get(k) != args[k]]
     log.event(
         "resume",
@@ -132,7 +137,7 @@ def train_args(spec: RunSpec, env: Environment, log: RunLog, ckpt: dict | None =
     return {**keep, "resume": spec.resume, "save_dir": spec.run_dir}
 
 
-def _trim_results(csv_path: Path, last_epoch: int, log: RunLog) -> None:
+def _trim_results(csv_path: Path, backup: Path, last_epoch: int, log: RunLog) -> None:
     """Drop results.csv rows after ``last_epoch`` (1-based): the resume trains those epochs again.
 
     They exist when a run stopped between Ultralytics' ``save_metrics`` and ``save_model``, or
@@ -152,20 +157,48 @@ def _trim_results(csv_path: Path, last_epoch: int, log: RunLog) -> None:
             epoch = 0
         (dropped if epoch > last_epoch else keep).append(line)
     if dropped:
-        backup = csv_path.with_name("results.before-resume.csv")
-        backup.write_text("\n".join(lines) + "\n")
+        write_atomic(backup, "\n".join(lines) + "\n")
         write_atomic(csv_path, "\n".join(keep) + "\n")
         log.info(f"results.csv: removed {len(dropped)} row(s) after epoch {last_epoch} that this resume trains again "
                  f"(the old file is kept as {backup.name})")
 
 
+def import_checked(name: str, what: str):
+    """Import ``name``; a failure of any kind is a broken environment, named as such."""
+    try:
+        return importlib.import_module(name)
+    except BaseException as e:
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise SetupError(f"{name} cannot be imported ({errors.one_line(e)}): {what}; "
+                         "'rocm-yolo doctor' shows more") from e
+
+
+def run(spec: RunSpec, log: RunLog) -> int:
+    """Steps 2-4 of the child; raises for errors before training (the caller reports them)."""
+    env = prepare_environment(spec)  # 2. profile variables and architecture presets (no torch yet)
+    import_checked("torch", "reinstall torch (on an AMD GPU, the ROCm build)")  # 3.
+    import_checked("ultralytics", "reinstall ultralytics")
+    from rocm_yolo import compat
+
+    for warning in compat.check():  # essential internals missing: SetupError; others: a feature is off
+        log.event("compat", warning, warning=warning)
+    from rocm_yolo.patches import dataloader as loader_patch
+
+    loader_patch.install(env.loader, spec.run_dir)
+    conv_line = install_conv(spec, env)
+    return train(spec, env, conv_line, log)  # 4.
+
+
 def train(spec: RunSpec, env: Environment, conv_line: str, log: RunLog) -> int:
     from rocm_yolo import faults
-    from rocm_yolo.heartbeat import FILENAME, HeartbeatWriter
+    from rocm_yolo.heartbeat import HeartbeatWriter
     from rocm_yolo.integration import RunHooks
 
     started = time.time()
-    heartbeat = HeartbeatWriter(spec.state_dir / FILENAME, attempt=spec.attempt)
+    paths = spec.paths
+    heartbeat = HeartbeatWriter(paths.heartbeat, attempt=spec.attempt,
+                                on_error=lambda message: log.event("heartbeat_error", message))
     for line in header_lines(spec, env, conv_line):
         log.info(line)
 
@@ -173,9 +206,9 @@ def train(spec: RunSpec, env: Environment, conv_line: str, log: RunLog) -> int:
 
     hooks = RunHooks(spec, log, arg_presets=env.args)
     groups = [hooks.callbacks(), heartbeat.callbacks()]
-    fault = faults.parse(os.environ.get(faults.ENV))
-    if fault is not None:
-        groups.append(faults.Injector(fault, spec.state_dir).callbacks())
+    injected = faults.active()
+    if injected:
+        groups.append(faults.Injector(injected, paths).callbacks())
     try:
         model = YOLO(spec.resume or spec.model)
         args = train_args(spec, env, log, model.ckpt)
@@ -184,54 +217,62 @@ def train(spec: RunSpec, env: Environment, conv_line: str, log: RunLog) -> int:
                 model.add_callback(event, fn)
         model.train(**args)
     except RunFinished as e:
-        _user_error(log, str(e))
+        _say_user_error(log, str(e))
         return CHILD_FINISHED
-    except Exception as e:
-        if hooks.training_started:  # a training error: the supervisor restarts on a safer profile
-            _record_crash(spec, log, e)
-            raise
-        user = _user_error_in_chain(e)
-        text = str(user or e).strip()
-        message = text.splitlines()[0] if text else e.__class__.__name__
-        if user is not None:
-            return _user_error(log, message)
-        # Before the first batch: a restart on a safer profile would meet the same error.
-        import traceback
-
-        traceback.print_exc()
-        log.event("setup_error", f"training could not start: {e.__class__.__name__}: {message}", error=message)
-        return CHILD_SETUP_FAILED
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:
+        if not hooks.training_started:
+            raise  # _child reports it: user, environment or internal, never retried
+        return report_training_failure(spec, log, e)
     log.event("finished", seconds=round(time.time() - started, 2))
     return OK
 
 
-def _user_error_in_chain(error: BaseException) -> BaseException | None:
-    """The user error behind ``error``: Ultralytics wraps e.g. a missing data set's FileNotFoundError
-    in a RuntimeError; the innermost such error has the plainest message."""
-    found, seen = None, set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, USER_ERRORS):
-            found = error
-        error = error.__cause__ or error.__context__
-    return found
+# --------------------------------------------------------------------------- reporting
 
 
-def _record_crash(spec: RunSpec, log: RunLog, error: BaseException) -> None:
-    """Keep the traceback of a training error in the run directory (the terminal scrolls away)."""
+def _say_user_error(log: RunLog, message: str) -> int:
+    log.event("user_error", f"error: {message}", error=message)
+    return errors.USAGE
+
+
+def _say_setup_error(spec: RunSpec, log: RunLog, error: BaseException, reason: str) -> int:
+    saved = errors.save_traceback(error, spec.paths.setup_error(spec.attempt))
+    where = f" (details in {saved})" if saved else ""
+    log.event("setup_error", f"environment error: {reason}{where}; not retrying", error=reason,
+              path=str(saved) if saved else None)
+    return errors.SETUP
+
+
+def report_setup_failure(spec: RunSpec, log: RunLog, error: BaseException) -> int:
+    """An error before training started: one line, an exit code; never retried."""
+    found = errors.classify(error)
+    if found.kind == errors.USER:
+        return _say_user_error(log, found.line)
+    if found.kind == errors.ENVIRONMENT:
+        return _say_setup_error(spec, log, error, found.line)
+    code = errors.report_internal(error, spec.paths.internal_error(spec.attempt))
+    log.event("internal_error", error=found.line, path=str(spec.paths.internal_error(spec.attempt)))
+    return code
+
+
+def _raised_by_rocm_yolo(error: BaseException) -> bool:
     import traceback
 
-    path = Path(spec.run_dir) / f"crash-{spec.attempt}.txt"
-    try:
-        path.write_text("".join(traceback.format_exception(error)))
-    except OSError:
-        return
-    first = (str(error).strip().splitlines() or [error.__class__.__name__])[0]
-    log.event("crash_traceback", f"training error: {error.__class__.__name__}: {first} (traceback in {path})",
-              path=str(path), error=first)
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and any(f"{os.sep}{pkg}{os.sep}" in frames[-1].filename for pkg in ("rocm_yolo", "patches"))
 
 
-def _user_error(log: RunLog, message: str) -> int:
-    print(f"rocm-yolo: error: {message}", file=sys.stderr, flush=True)
-    log.event("user_error", error=message)
-    return USAGE
+def report_training_failure(spec: RunSpec, log: RunLog, error: BaseException) -> int:
+    """An error during training: a full or read-only disk stops the run, a rocm-yolo bug is
+    reported as one, anything else is a crash the supervisor restarts on a safer profile."""
+    if errors.is_disk_error(error):
+        return _say_setup_error(spec, log, error, errors.classify(error).line)
+    if isinstance(error, BUG_TYPES) and _raised_by_rocm_yolo(error):
+        return report_setup_failure(spec, log, error)  # classified internal: not retried
+    path = errors.save_traceback(error, spec.paths.crash(spec.attempt))
+    first = errors.one_line(error)
+    log.event("crash_traceback", f"training error: {first}" + (f" (traceback in {path})" if path else ""),
+              path=str(path) if path else None, error=first)
+    return errors.FAILED

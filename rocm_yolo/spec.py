@@ -12,11 +12,9 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from rocm_yolo.heartbeat import write_atomic
+from rocm_yolo.fsutil import write_atomic
+from rocm_yolo.paths import RunPaths
 from rocm_yolo.profiles import LoaderSettings
-
-STATE_DIRNAME = "rocm_yolo"  # rocm-yolo's own files inside an Ultralytics run directory
-LOG_NAME = "rocm-yolo.log"
 
 
 @dataclass(frozen=True)
@@ -36,16 +34,8 @@ class RunSpec:
     notes: tuple[str, ...] = ()  # lines for the header (e.g. warnings from resolving the profile)
 
     @property
-    def state_dir(self) -> Path:
-        return Path(self.run_dir) / STATE_DIRNAME
-
-    @property
-    def log_path(self) -> Path:
-        return Path(self.run_dir) / LOG_NAME
-
-    @property
-    def weights_dir(self) -> Path:
-        return Path(self.run_dir) / "weights"
+    def paths(self) -> RunPaths:
+        return RunPaths(self.run_dir)
 
     def with_changes(self, **changes) -> "RunSpec":
         return replace(self, **changes)
@@ -64,8 +54,8 @@ class RunSpec:
 
     def save(self) -> Path:
         """Write ``spec-<attempt>.json`` into the run's state directory and return its path."""
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        path = self.state_dir / f"spec-{self.attempt}.json"
+        path = self.paths.spec(self.attempt)
+        path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, self.to_json())
         return path
 
@@ -76,9 +66,7 @@ class RunSpec:
 
 def latest_spec(run_dir: str | os.PathLike) -> RunSpec | None:
     """The spec of the newest attempt recorded in ``run_dir``, if rocm-yolo made that run."""
-    state = Path(run_dir) / STATE_DIRNAME
-    specs = sorted(state.glob("spec-*.json"), key=lambda p: int(p.stem.split("-")[1]) if p.stem[5:].isdigit() else 0)
-    for path in reversed(specs):
+    for path in reversed(RunPaths(run_dir).specs()):
         try:
             return RunSpec.load(path)
         except (OSError, ValueError, TypeError, KeyError):

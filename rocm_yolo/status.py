@@ -6,16 +6,16 @@ import json
 import time
 from pathlib import Path
 
-from rocm_yolo import exitcodes, heartbeat
-from rocm_yolo.profiles import UsageError
-from rocm_yolo.spec import STATE_DIRNAME
+from rocm_yolo import errors, heartbeat
+from rocm_yolo.errors import UsageError
+from rocm_yolo.paths import STATE_DIRNAME, RunPaths
 from rocm_yolo.supervisor import read_state
 
 import psutil
 
 
 def newest_run(root: Path = Path("runs")) -> Path | None:
-    beats = [p for p in root.glob(f"**/{STATE_DIRNAME}/{heartbeat.FILENAME}") if p.is_file()]
+    beats = [p for p in root.glob(f"**/{STATE_DIRNAME}/{RunPaths('.').heartbeat.name}") if p.is_file()]
     newest = max(beats, key=lambda p: p.stat().st_mtime, default=None)
     return newest.parent.parent if newest else None
 
@@ -29,7 +29,7 @@ def _alive(pid) -> bool:
 
 def collect(run_dir: Path, now: float | None = None) -> dict:
     now = time.time() if now is None else now
-    hb = heartbeat.read(run_dir / STATE_DIRNAME / heartbeat.FILENAME)
+    hb = heartbeat.read(RunPaths(run_dir).heartbeat)
     sup = read_state(run_dir) or {}
     info: dict = {"run_dir": str(run_dir), "state": sup.get("state", "unknown"), "profile": sup.get("profile"),
                   "restarts": sup.get("restarts", 0), "hangs": len(sup.get("hangs", [])),
@@ -69,8 +69,8 @@ def main(run_dir: str | None, as_json: bool = False) -> int:
     path = Path(run_dir) if run_dir else newest_run()
     if path is None:
         raise UsageError("no run found under runs/: pass the run directory, e.g. rocm-yolo status runs/detect/train")
-    if not (path / STATE_DIRNAME).is_dir():
+    if not RunPaths(path).state.is_dir():
         raise UsageError(f"{path} is not a rocm-yolo run directory (no {STATE_DIRNAME}/ inside)")
     info = collect(path)
     print(json.dumps(info, indent=2) if as_json else render(info))
-    return exitcodes.OK
+    return errors.OK

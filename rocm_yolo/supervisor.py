@@ -7,11 +7,15 @@ ladder). States of an attempt::
 
     STARTING --first training batch--> HEALTHY --exit 0--> SUCCEEDED
        |  |                              |--no progress for the stall timeout--> STALLED
-       |  '--exit 2/3/4: USAGE_ERROR, ALREADY_FINISHED, SETUP_FAILED (never retried)
+       |  '--exit 2/3/4/123: USAGE_ERROR, ALREADY_FINISHED, SETUP_FAILED, INTERNAL_ERROR
        |                                 '--any other exit------------------------> CRASHED
        '--no heartbeat within the startup grace--> STALLED
-    any state --SIGINT/SIGTERM--> INTERRUPTED
-    STALLED/CRASHED --restarts left--> next attempt (next profile)   else: exit 1
+    any state --SIGINT/SIGTERM/SIGHUP--> INTERRUPTED
+    STALLED/CRASHED --restarts left--> next attempt (next profile)   else: FAILED
+
+The run ends in FINISHED, FAILED, USAGE_ERROR, SETUP_FAILED (the environment: a broken
+torch, a full or read-only disk; never retried), INTERNAL_ERROR or INTERRUPTED, which is
+``RunResult.state`` and the ``state`` of ``supervisor.json``.
 
 The process machinery sits behind :class:`ChildProcess`, so tests drive the loop with
 scripted heartbeats and a fake clock; end-to-end tests use the real thing.
@@ -29,31 +33,44 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from rocm_yolo import checkpoints, exitcodes, heartbeat, proctree
+from rocm_yolo import checkpoints, errors, heartbeat, proctree
+from rocm_yolo.errors import UsageError
+from rocm_yolo.fsutil import write_atomic
 from rocm_yolo.heartbeat import Heartbeat
 from rocm_yolo.log import RunLog
-from rocm_yolo.profiles import DEFAULT_LADDER, UsageError, next_profile, resolve
-from rocm_yolo.spec import STATE_DIRNAME, RunSpec
+from rocm_yolo.paths import RunPaths
+from rocm_yolo.profiles import DEFAULT_LADDER, next_profile, resolve
+from rocm_yolo.spec import RunSpec
 
 
 class State(str, Enum):
+    # an attempt
     STARTING = "starting"  # child started, no training batch yet
     HEALTHY = "healthy"  # heartbeat progressing
     SUCCEEDED = "succeeded"  # exit 0
     STALLED = "stalled"  # no progress for the stall timeout
     CRASHED = "crashed"  # exited with an error during training
-    USAGE_ERROR = "usage_error"  # bad data or arguments
     ALREADY_FINISHED = "already_finished"  # the checkpoint's run has trained all its epochs
-    SETUP_FAILED = "setup_failed"  # an error before training started: a restart would meet it again
-    INTERRUPTED = "interrupted"  # SIGINT or SIGTERM to the supervisor
+    # the run (and an attempt that ends it)
+    RUNNING = "running"
+    FINISHED = "finished"  # every epoch trained
+    FAILED = "failed"  # no restarts left
+    USAGE_ERROR = "usage_error"  # bad data or arguments
+    SETUP_FAILED = "setup_failed"  # the environment: a restart would meet it again
+    INTERNAL_ERROR = "internal_error"  # a rocm-yolo bug
+    INTERRUPTED = "interrupted"  # SIGINT, SIGTERM or SIGHUP to the supervisor
 
 
 EXIT_STATES = {
-    exitcodes.OK: State.SUCCEEDED,
-    exitcodes.USAGE: State.USAGE_ERROR,
-    exitcodes.CHILD_FINISHED: State.ALREADY_FINISHED,
-    exitcodes.CHILD_SETUP_FAILED: State.SETUP_FAILED,
+    errors.OK: State.SUCCEEDED,
+    errors.USAGE: State.USAGE_ERROR,
+    errors.CHILD_FINISHED: State.ALREADY_FINISHED,
+    errors.SETUP: State.SETUP_FAILED,
+    errors.INTERNAL: State.INTERNAL_ERROR,
 }
+# How a run that ends in a state exits.
+RUN_EXIT = {State.FINISHED: errors.OK, State.FAILED: errors.FAILED, State.USAGE_ERROR: errors.USAGE,
+            State.SETUP_FAILED: errors.SETUP, State.INTERNAL_ERROR: errors.INTERNAL}
 
 
 @dataclass(frozen=True)
@@ -71,7 +88,7 @@ class WatchdogConfig:
 
 @dataclass
 class RunResult:
-    state: str  # finished | failed | usage_error | interrupted
+    state: State  # RUNNING until the run ends; then FINISHED, FAILED, USAGE_ERROR, ... (see State)
     exit_code: int
     run_dir: str
     attempts: int = 1
@@ -82,11 +99,11 @@ class RunResult:
 
     @property
     def last(self) -> Path:
-        return Path(self.run_dir) / "weights" / "last.pt"
+        return RunPaths(self.run_dir).last
 
     @property
     def best(self) -> Path:
-        return Path(self.run_dir) / "weights" / "best.pt"
+        return RunPaths(self.run_dir).best
 
 
 class StallDetector:
@@ -132,26 +149,40 @@ class StallDetector:
 
 
 class ChildProcess:
-    """The real training child: ``python -m rocm_yolo._child SPEC.json`` in its own session."""
+    """The real training child: ``python -m rocm_yolo._child SPEC.json`` in its own session.
+
+    It dies with the supervisor (``PR_SET_PDEATHSIG``) and sends its heartbeat down a pipe,
+    so a disk too full for the heartbeat file is not taken for a hang.
+    """
 
     def __init__(self, spec: RunSpec, config: WatchdogConfig):
         self.spec = spec
         self.config = config
-        spec_path = spec.save()
+        spec_path = spec.save()  # OSError (disk full, read-only): the caller stops the run
         env = dict(os.environ)
-        env["ROCM_YOLO_SUPERVISOR_PID"] = str(os.getpid())
-        self.proc = proctree.start([sys.executable, "-m", "rocm_yolo._child", str(spec_path)], env=env)
+        env[proctree.SUPERVISOR_ENV] = str(os.getpid())
+        read_end, write_end = os.pipe()
+        env[heartbeat.FD_ENV] = str(write_end)
+        try:
+            self.proc = proctree.start([sys.executable, "-m", "rocm_yolo._child", str(spec_path)], env=env,
+                                       pass_fds=(write_end,))
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
         self.pid = self.proc.pid
+        self.beats = heartbeat.PipeReader(read_end)
 
     def poll(self) -> int | None:
         return self.proc.poll()
 
     def heartbeat(self) -> Heartbeat | None:
-        hb = heartbeat.read(self.spec.state_dir / heartbeat.FILENAME)
+        hb = self.beats.read()
         return hb if hb is not None and hb.pid == self.pid else None
 
     def dump_stacks(self, out: Path) -> Path:
-        return proctree.dump_stacks(self.pid, self.spec.state_dir / "stacks", out)
+        return proctree.dump_stacks(self.pid, self.spec.paths.stacks, out)
 
     def kill(self) -> list[int]:
         left = proctree.kill(self.pid, self.config.term_timeout, self.config.kill_timeout)
@@ -159,6 +190,7 @@ class ChildProcess:
             self.proc.wait(timeout=1)
         except Exception:
             pass
+        self.beats.close()
         return left
 
 
@@ -170,17 +202,18 @@ class Supervisor:
         self.child_factory = child_factory
         self.clock = clock
         self.sleep = sleep
-        self.log = log or RunLog(spec.log_path, spec.state_dir / "events.jsonl")
+        self.log = log or RunLog(spec.paths.log, spec.paths.events)
         self.user_resume = user_resume
         self.interrupted: int | None = None
-        self.result = RunResult(state="running", exit_code=exitcodes.FAILED, run_dir=spec.run_dir)
+        self.result = RunResult(state=State.RUNNING, exit_code=errors.FAILED, run_dir=spec.run_dir)
         self.started_wall = time.time()
         self._recovering_since: float | None = None
+        self._state_error = False
         previous = read_state(spec.run_dir) if user_resume else None
         if previous:  # a resumed run keeps its history of hangs and restarts
-            self.result.hangs = list(previous.get("hangs", []))
-            self.result.restarts = int(previous.get("restarts", 0))
-            self.result.lost_seconds = float(previous.get("lost_seconds", 0.0))
+            self.result.hangs = list(previous["hangs"])
+            self.result.restarts = previous["restarts"]
+            self.result.lost_seconds = previous["lost_seconds"]
 
     # signals -------------------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
@@ -199,8 +232,11 @@ class Supervisor:
         while True:
             if self.interrupted is not None:  # a signal during the previous kill: start nothing new
                 return self._interrupted(spec)
-            child = self.child_factory(spec, self.config)
-            self._write_state("running", spec, child_pid=child.pid)
+            try:
+                child = self.child_factory(spec, self.config)
+            except OSError as e:  # the spec could not be written (disk full, read-only) or no process
+                return self._cannot_start(spec, e)
+            self._write_state(State.RUNNING, spec, child_pid=child.pid)
             try:
                 outcome, info = self._watch(child, spec)
             finally:
@@ -210,23 +246,23 @@ class Supervisor:
                                    pids=left)
             if outcome == State.SUCCEEDED:
                 self._drop_good_copy(spec)
-                return self._finish("finished", exitcodes.OK, spec)
+                return self._finish(State.FINISHED, spec)
             if outcome == State.INTERRUPTED:
                 return self._interrupted(spec)
-            if outcome == State.USAGE_ERROR:
-                return self._finish("usage_error", exitcodes.USAGE, spec)
+            if outcome in (State.USAGE_ERROR, State.INTERNAL_ERROR):
+                return self._finish(outcome, spec)
             if outcome == State.SETUP_FAILED:
-                self.log.info("not restarting: the error came before training started")
-                return self._finish("failed", exitcodes.FAILED, spec)
+                self._say_what_is_kept(spec)
+                return self._finish(State.SETUP_FAILED, spec)
             if outcome == State.ALREADY_FINISHED:
                 if self.user_resume and spec is first:
-                    return self._finish("usage_error", exitcodes.USAGE, spec)
+                    return self._finish(State.USAGE_ERROR, spec)
                 self.log.info("the checkpoint shows the run finished all its epochs")
                 self._drop_good_copy(spec)
-                return self._finish("finished", exitcodes.OK, spec)
+                return self._finish(State.FINISHED, spec)
             if restarts_left <= 0:
                 self.log.event("give_up", f"{info}; no restarts left (--max-restarts {self.config.max_restarts})")
-                return self._finish("failed", exitcodes.FAILED, spec)
+                return self._finish(State.FAILED, spec)
             restarts_left -= 1
             spec = self._next_spec(spec)
             self.result.restarts += 1
@@ -239,6 +275,22 @@ class Supervisor:
                 profile=spec.profile,
                 resume=spec.resume,
             )
+
+    def _cannot_start(self, spec: RunSpec, error: OSError) -> RunResult:
+        reason = errors.classify(error).line if errors.is_disk_error(error) else errors.one_line(error)
+        self.log.event("setup_error", f"cannot start the training process: {reason}", error=reason)
+        self._say_what_is_kept(spec)
+        return self._finish(State.SETUP_FAILED, spec)
+
+    def _say_what_is_kept(self, spec: RunSpec) -> None:
+        """After an environment error: which checkpoint a later resume will start from."""
+        paths = spec.paths
+        kept = next((p for p in (paths.last, paths.last_good) if checkpoints.verify(p) is None), None)
+        if kept is not None:
+            self.log.info(f"not restarting; the last loadable checkpoint is {kept}: once fixed, continue with "
+                          f"rocm-yolo train --resume {paths.last}")
+        else:
+            self.log.info("not restarting: a restart would meet the same error")
 
     def _watch(self, child, spec: RunSpec) -> tuple[State, str]:
         detector = StallDetector(self.config, self.clock())
@@ -269,7 +321,7 @@ class Supervisor:
         self.log.event("hang", f"no progress for {stalled:.0f} s (timeout {detector.timeout():.0f} s) at {where}: hang",
                        epoch=hb.epoch if hb else None, batch=hb.batch if hb else None, phase=hb.phase if hb else None,
                        seconds=round(stalled, 1), attempt=spec.attempt)
-        out = Path(spec.run_dir) / f"hang-{spec.attempt}-stacks.txt"  # attempts count on across resumes
+        out = spec.paths.hang_stacks(spec.attempt)  # attempts count on across resumes
         try:
             path = child.dump_stacks(out)
             self.log.event("stacks", f"stacks of the trainer and its workers written to {path}", path=str(path))
@@ -289,15 +341,14 @@ class Supervisor:
         if since is not None:
             self.result.lost_seconds += now - since
             self._recovering_since = None
-            self._write_state("running", spec, child_pid=child_pid)
+            self._write_state(State.RUNNING, spec, child_pid=child_pid)
 
     def _next_spec(self, spec: RunSpec) -> RunSpec:
         profile = next_profile(spec.profile, self.config.ladder)
         resolved = resolve(profile, spec.loader.workers)
-        last = spec.weights_dir / "last.pt"
         resume = None
         try:
-            path, note = checkpoints.choose_resume(last)
+            path, note = checkpoints.choose_resume(spec.paths.last)
             resume = str(path)
             if note:
                 self.log.info(note)
@@ -313,33 +364,37 @@ class Supervisor:
 
         If ``last.pt`` was moved aside as damaged, the verified copy becomes ``last.pt`` again.
         """
-        last, good = spec.weights_dir / "last.pt", spec.weights_dir / checkpoints.GOOD_NAME
-        if not last.exists() and checkpoints.verify(good) is None:
-            os.replace(good, last)
-        elif checkpoints.verify(last) is None:
-            good.unlink(missing_ok=True)
+        last, good = spec.paths.last, spec.paths.last_good
+        try:
+            if not last.exists() and checkpoints.verify(good) is None:
+                os.replace(good, last)
+            elif checkpoints.verify(last) is None:
+                good.unlink(missing_ok=True)
+        except OSError as e:  # housekeeping only: the weights are there either way
+            self.log.info(f"could not tidy {good}: {e.strerror or e}")
 
     # results -------------------------------------------------------------------------------
-    def _finish(self, state: str, code: int, spec: RunSpec) -> RunResult:
-        self.result.state, self.result.exit_code = state, code
+    def _finish(self, state: State, spec: RunSpec, code: int | None = None) -> RunResult:
+        self.result.state = state
+        self.result.exit_code = RUN_EXIT[state] if code is None else code
         self.result.attempts = spec.attempt
         self.result.wall_seconds = time.time() - self.started_wall
         self._write_state(state, spec)
         return self.result
 
     def _interrupted(self, spec: RunSpec) -> RunResult:
-        code = {signal.SIGINT: exitcodes.INTERRUPTED, signal.SIGHUP: exitcodes.HANGUP}.get(self.interrupted,
-                                                                                     exitcodes.TERMINATED)
-        name = signal.Signals(self.interrupted).name if self.interrupted else "signal"
-        last = spec.weights_dir / "last.pt"
+        code = {signal.SIGINT: errors.INTERRUPTED, signal.SIGHUP: errors.HANGUP}.get(self.interrupted,
+                                                                                   errors.TERMINATED)
+        name = proctree.signal_name(self.interrupted) if self.interrupted else "signal"
+        last = spec.paths.last
         self.log.event("interrupted", f"stopped by {name}; the training process tree is gone", signal=name)
         if last.exists():
             self.log.info(f"resume with: rocm-yolo train --resume {last}")
-        return self._finish("interrupted", code, spec)
+        return self._finish(State.INTERRUPTED, spec, code)
 
-    def _write_state(self, state: str, spec: RunSpec, child_pid: int | None = None) -> None:
+    def _write_state(self, state: State, spec: RunSpec, child_pid: int | None = None) -> None:
         record = {
-            "state": state,
+            "state": state.value,
             "supervisor_pid": os.getpid(),
             "child_pid": child_pid,
             "attempt": spec.attempt,
@@ -352,15 +407,33 @@ class Supervisor:
             "updated": time.time(),
         }
         try:
-            spec.state_dir.mkdir(parents=True, exist_ok=True)
-            heartbeat.write_atomic(spec.state_dir / "supervisor.json", json.dumps(record))
-        except OSError:
-            pass
+            spec.paths.state.mkdir(parents=True, exist_ok=True)
+            write_atomic(spec.paths.supervisor, json.dumps(record))
+        except OSError as e:  # bookkeeping must never stop the supervisor; say it once
+            if not self._state_error:
+                self._state_error = True
+                self.log.info(f"cannot write {spec.paths.supervisor} ({e.strerror or e}); "
+                              "'rocm-yolo status' shows the last state written")
+
+
+# The fields of supervisor.json and the types a reader accepts.
+_STATE_TYPES = {"state": str, "supervisor_pid": int, "child_pid": (int, type(None)), "attempt": int, "profile": str,
+                "restarts": int, "max_restarts": int, "hangs": list, "lost_seconds": (int, float),
+                "started": (int, float), "updated": (int, float)}
 
 
 def read_state(run_dir: str | os.PathLike) -> dict | None:
+    """``supervisor.json`` of ``run_dir``, or None if missing, unreadable or badly typed."""
     try:
-        return json.loads((Path(run_dir) / STATE_DIRNAME / "supervisor.json").read_text())
+        data = json.loads(RunPaths(run_dir).supervisor.read_text())
     except (OSError, ValueError):
         return None
-
+    if not isinstance(data, dict):
+        return None
+    for key, kind in _STATE_TYPES.items():
+        value = data.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return None
+    if not all(isinstance(h, dict) for h in data["hangs"]):
+        return None
+    return data

@@ -15,7 +15,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocm_yolo.profiles import UsageError
+from rocm_yolo.errors import UsageError
 
 
 @dataclass(frozen=True)

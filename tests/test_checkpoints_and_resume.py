@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rocm_yolo import checkpoints, launch
-from rocm_yolo.profiles import UsageError
+from rocm_yolo.errors import UsageError
 
 
 def fake_checkpoint(path: Path, payload: bytes = b"x" * 1000) -> Path:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rocm_yolo import launch, ucfg
-from rocm_yolo.profiles import UsageError
+from rocm_yolo.errors import UsageError
 
 
 def rocm_yolo(*args, cwd=None, timeout=60):

@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from rocm_yolo.patches import dataloader as patch
 from rocm_yolo.profiles import resolve
+from rocm_yolo.paths import RunPaths
 
 ORIGINAL = DataLoader.__dict__["__init__"]
 DATA = TensorDataset(torch.arange(16, dtype=torch.float32))
@@ -82,7 +83,7 @@ def test_real_spawn_workers_load_and_record_themselves(installed, tmp_path):
     installed(resolve("fast", 2, cpu_count=4).loader, tmp_path)
     dl = DataLoader(DATA, batch_size=4, num_workers=2)
     assert sorted(x for b in dl for x in b[0].tolist()) == list(map(float, range(16)))
-    records = [json.loads(line) for line in (tmp_path / "rocm_yolo" / "workers.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in RunPaths(tmp_path).workers.read_text().splitlines()]
     assert len(records) == 2 and {r["start_method"] for r in records} == {"spawn"}
     assert all(r["ppid"] == os.getpid() for r in records)
-    assert len(list((tmp_path / "rocm_yolo" / "stacks").glob("worker-*.txt"))) == 2
+    assert len(list(RunPaths(tmp_path).stacks.glob("worker-*.txt"))) == 2

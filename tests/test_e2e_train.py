@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from rocm_yolo import checkpoints
+from rocm_yolo import checkpoints, heartbeat
 from rocm_yolo.log import read_events
+from rocm_yolo.paths import GOOD_NAME, RunPaths
 from conftest import TINY, Cli, rocm_lines
 
 pytestmark = pytest.mark.e2e
@@ -30,11 +31,11 @@ def epochs_in(run: Path) -> list[int]:
 
 
 def events(run: Path, kind: str) -> list[dict]:
-    return [e for e in read_events(run / "rocm_yolo" / "events.jsonl") if e["event"] == kind]
+    return [e for e in read_events(RunPaths(run).events) if e["event"] == kind]
 
 
 def workers_of(run: Path) -> list[dict]:
-    path = run / "rocm_yolo" / "workers.jsonl"
+    path = RunPaths(run).workers
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
@@ -114,7 +115,7 @@ def test_interrupt_stops_everything_then_resume_on_a_safer_profile(cli, tiny_dat
     run = tmp_path / "runs" / "detect" / "train"
     weights = run / "weights"
     proc = cli.start("train", str(tiny_data), "--workers", "2", "--epochs", "4", *TINY)
-    _wait_for(lambda: (weights / checkpoints.GOOD_NAME).exists(), 180, "the first verified checkpoint", proc, cli)
+    _wait_for(lambda: (weights / GOOD_NAME).exists(), 180, "the first verified checkpoint", proc, cli)
     t0 = time.monotonic()
     proc.send_signal(sig)
     proc.wait(timeout=30)
@@ -150,7 +151,7 @@ def test_the_readme_first_command(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:]
     run = tmp_path / "runs" / "detect" / "train"
     assert (run / "weights" / "last.pt").is_file() and (run / "weights" / "best.pt").is_file()
-    assert not (run / "weights" / checkpoints.GOOD_NAME).exists()  # a finished run keeps no resume copy
+    assert not (run / "weights" / GOOD_NAME).exists()  # a finished run keeps no resume copy
     assert (tmp_path / "demo" / "demo.yaml").is_file()
     assert "profile fast | start method spawn" in r.stdout
     assert cli.leftovers() == []
@@ -161,8 +162,8 @@ def test_the_readme_first_command(tmp_path):
 def test_supervisor_killed_with_sigkill_leaves_no_process(cli, tiny_data, tmp_path):
     run = tmp_path / "runs" / "detect" / "train"
     proc = cli.start("train", str(tiny_data), "--workers", "2", "--epochs", "300", *TINY)
-    beat = run / "rocm_yolo" / "heartbeat.json"
-    _wait_for(lambda: beat.exists() and '"phase": "train"' in beat.read_text(), 180, "training", proc, cli)
+    beat = RunPaths(run).heartbeat
+    _wait_for(lambda: getattr(heartbeat.read(beat), "batches_total", 0) > 0, 180, "training", proc, cli)
     assert len(cli.leftovers(settle=0)) >= 4  # the CLI, the trainer, 2 workers (and the resource tracker)
     status = subprocess.run([sys.executable, "-m", "rocm_yolo", "status", str(run)], capture_output=True, text=True)
     assert status.returncode == 0 and "state:     running" in status.stdout and "/300, train batch" in status.stdout

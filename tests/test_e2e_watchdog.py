@@ -20,6 +20,7 @@ import pytest
 
 from conftest import TINY
 from rocm_yolo import checkpoints, heartbeat, proctree
+from rocm_yolo.paths import RunPaths
 from rocm_yolo.log import read_events
 
 pytestmark = pytest.mark.e2e
@@ -29,7 +30,7 @@ WATCH = ["--stall-timeout", str(STALL), "--startup-grace", "90", "--workers", "2
 
 
 def events(run: Path, kind: str) -> list[dict]:
-    return [e for e in read_events(run / "rocm_yolo" / "events.jsonl") if e["event"] == kind]
+    return [e for e in read_events(RunPaths(run).events) if e["event"] == kind]
 
 
 def epochs_in(run: Path) -> list[int]:
@@ -59,7 +60,7 @@ def stacks(run: Path) -> str:
 def test_worker_blocking_forever_mid_run(cli, tiny_data, tmp_path):
     run = tmp_path / "runs" / "detect" / "train"
     r = cli.run("train", str(tiny_data), "--epochs", "3", *WATCH, *TINY, env={"ROCM_YOLO_FAULT": "worker-hang@2:1"})
-    fired = (run / "rocm_yolo" / "fault.fired").stat().st_mtime
+    fired = RunPaths(run).fault_fired("worker-hang").stat().st_mtime
     hang = check_recovered(cli, r, run, 3, hung_at=fired)
     assert hang["epoch"] == 2 and hang["phase"] == "train"
     text = stacks(run)
@@ -74,7 +75,7 @@ def test_worker_blocking_forever_mid_run(cli, tiny_data, tmp_path):
 def test_trainer_blocking_forever_mid_run(cli, tiny_data, tmp_path):
     run = tmp_path / "runs" / "detect" / "train"
     r = cli.run("train", str(tiny_data), "--epochs", "3", *WATCH, *TINY, env={"ROCM_YOLO_FAULT": "main-hang@2:2"})
-    fired = (run / "rocm_yolo" / "fault.fired").stat().st_mtime
+    fired = RunPaths(run).fault_fired("main-hang").stat().st_mtime
     hang = check_recovered(cli, r, run, 3, hung_at=fired)
     assert hang["epoch"] == 2 and hang["batch"] in (1, 2)  # as of the last heartbeat (written at most 1/s)
     trainer_part = stacks(run).split("=====")[1]
@@ -84,7 +85,7 @@ def test_trainer_blocking_forever_mid_run(cli, tiny_data, tmp_path):
 def test_hang_before_the_first_checkpoint_restarts_in_the_same_directory(cli, tiny_data, tmp_path):
     run = tmp_path / "runs" / "detect" / "train"
     r = cli.run("train", str(tiny_data), "--epochs", "2", *WATCH, *TINY, env={"ROCM_YOLO_FAULT": "main-hang@1:2"})
-    fired = (run / "rocm_yolo" / "fault.fired").stat().st_mtime
+    fired = RunPaths(run).fault_fired("main-hang").stat().st_mtime
     check_recovered(cli, r, run, 2, hung_at=fired)
     [restart] = events(run, "restart")
     assert restart["resume"] is None and "from the start (no checkpoint yet)" in r.stdout
@@ -97,9 +98,9 @@ def test_worker_killed_with_sigkill(cli, tiny_data, tmp_path):
     deadline = time.monotonic() + 180
     victim = None
     while victim is None and time.monotonic() < deadline and proc.poll() is None:
-        hb = heartbeat.read(run / "rocm_yolo" / heartbeat.FILENAME)
+        hb = heartbeat.read(RunPaths(run).heartbeat)
         if hb and hb.epoch >= 2 and hb.phase == "train":
-            records = [json.loads(x) for x in (run / "rocm_yolo" / "workers.jsonl").read_text().splitlines()]
+            records = [json.loads(x) for x in RunPaths(run).workers.read_text().splitlines()]
             alive = [w["pid"] for w in records if psutil.pid_exists(w["pid"])]
             victim = alive[0] if alive else None
         time.sleep(0.05)

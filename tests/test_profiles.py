@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 
-from rocm_yolo.profiles import PROFILES, UsageError, next_profile, parse_ladder, resolve
+from rocm_yolo.errors import UsageError
+from rocm_yolo.profiles import PROFILES, next_profile, parse_ladder, resolve
 
 
 def test_profiles_are_frozen_and_match_the_issue():

@@ -179,7 +179,7 @@ def test_selftest_on_cpu_all_strategies_pass():
 
 
 def test_selftest_survives_raise_abort_and_hang(monkeypatch):
-    monkeypatch.setenv("ROCM_YOLO_CONVTEST_FAULT", "native=abort,aten=raise,fp32=hang")
+    monkeypatch.setenv("ROCM_YOLO_FAULT", "conv-abort@native,conv-raise@aten,conv-hang@fp32")
     results = convtest.run_selftest("cpu", timeout=4)
     assert not results["native"]["ok"] and "SIGABRT" in results["native"]["error"]
     assert "Memory access fault" in results["native"]["error"]
@@ -207,7 +207,7 @@ def _resolve(cache: Path):
 
 
 def test_auto_falls_back_in_order_and_caches(tmp_path, monkeypatch):
-    monkeypatch.setenv("ROCM_YOLO_CONVTEST_FAULT", "native=raise,aten=abort")
+    monkeypatch.setenv("ROCM_YOLO_FAULT", "conv-raise@native,conv-abort@aten")
     strategy, why = _resolve(tmp_path)
     assert strategy == "fp32"
     assert "native failed: RuntimeError: HIP error: invalid device function" in why and "aten failed" in why
@@ -216,23 +216,23 @@ def test_auto_falls_back_in_order_and_caches(tmp_path, monkeypatch):
     assert entry["strategy"] == "fp32" and set(entry["results"]) == {"native", "aten", "fp32"}
     assert [p.name for p in tmp_path.iterdir()] == [convtest.CACHE_FILE]  # no temporary left over
 
-    monkeypatch.setenv("ROCM_YOLO_CONVTEST_FAULT", "native=hang,aten=hang,fp32=hang,gemm=hang")
+    monkeypatch.setenv("ROCM_YOLO_FAULT", "conv-hang@native,conv-hang@aten,conv-hang@fp32,conv-hang@gemm")
     strategy, why = _resolve(tmp_path)  # answered from the cache: nothing runs (or hangs)
     assert strategy == "fp32" and "cached" in why
 
 
 def test_cache_key_separates_hsa_override_and_survives_corruption(tmp_path, monkeypatch):
     (tmp_path / convtest.CACHE_FILE).write_text("{not json")
-    monkeypatch.setenv("ROCM_YOLO_CONVTEST_FAULT", "native=raise")
+    monkeypatch.setenv("ROCM_YOLO_FAULT", "conv-raise@native")
     assert _resolve(tmp_path)[0] == "aten"
     monkeypatch.setenv("HSA_OVERRIDE_GFX_VERSION", "10.3.0")
-    monkeypatch.delenv("ROCM_YOLO_CONVTEST_FAULT")
+    monkeypatch.delenv("ROCM_YOLO_FAULT")
     assert _resolve(tmp_path)[0] == "native"
     assert len(json.loads((tmp_path / convtest.CACHE_FILE).read_text())) == 2
 
 
 def test_no_working_strategy_is_an_error_and_not_cached(tmp_path, monkeypatch):
-    monkeypatch.setenv("ROCM_YOLO_CONVTEST_FAULT", "native=raise,aten=raise,fp32=raise,gemm=raise")
+    monkeypatch.setenv("ROCM_YOLO_FAULT", "conv-raise@native,conv-raise@aten,conv-raise@fp32,conv-raise@gemm")
     with pytest.raises(convtest.SelfTestError, match="no convolution strategy works on gfx1010"):
         _resolve(tmp_path)
     assert not (tmp_path / convtest.CACHE_FILE).exists()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rocm_yolo import exitcodes
+from rocm_yolo import errors
 from rocm_yolo.heartbeat import Heartbeat
 from rocm_yolo.log import RunLog
 from rocm_yolo.profiles import resolve
@@ -94,7 +94,7 @@ def test_slow_but_steady_steps_are_no_hang(spec):
     clock = Clock()
     # 90 s per step: longer than the 60 s floor, but steady: the timeout grows to 10 x 90 s.
     result, made = supervise(spec, [steady(clock, 2000, 90)], clock)
-    assert result.exit_code == exitcodes.OK and result.hangs == [] and len(made) == 1
+    assert result.exit_code == errors.OK and result.hangs == [] and len(made) == 1
 
 
 def test_long_validation_and_save_are_no_hang(spec):
@@ -108,14 +108,14 @@ def test_long_validation_and_save_are_no_hang(spec):
     events[t + 50] = beat(seq, phase="save", step=20)
     child = Script(clock, events, exit_at=t + 60)
     result, _ = supervise(spec, [child], clock)
-    assert result.exit_code == exitcodes.OK and result.hangs == []
+    assert result.exit_code == errors.OK and result.hangs == []
 
 
 def test_startup_grace_before_the_first_batch(spec):
     clock = Clock()
     child = Script(clock, {250: beat(1, batch=1, batches_total=1)}, exit_at=260)  # 250 s scan: > floor, < grace
     result, _ = supervise(spec, [child], clock)
-    assert result.exit_code == exitcodes.OK and result.hangs == []
+    assert result.exit_code == errors.OK and result.hangs == []
 
 
 def test_a_hang_is_detected_dumped_killed_and_resumed_on_the_next_profile(spec):
@@ -129,7 +129,7 @@ def test_a_hang_is_detected_dumped_killed_and_resumed_on_the_next_profile(spec):
     healthy.events = [(t + 70, hb) for t, hb in healthy.events]
     healthy.exit_at = 300
     result, made = supervise(spec, [hung, healthy], clock)
-    assert result.exit_code == exitcodes.OK and result.restarts == 1
+    assert result.exit_code == errors.OK and result.restarts == 1
     assert hung.dumped and hung.killed and healthy.killed  # the tree goes on every path
     [hang] = result.hangs
     assert hang["epoch"] == 1 and hang["batch"] == 2 and Path(hang["stacks"]).name == "hang-1-stacks.txt"
@@ -143,7 +143,7 @@ def test_crashes_are_restarted_down_the_ladder_then_given_up(spec):
     clock = Clock()
     children = [Script(clock, {}, exit_at=1, code=1) for _ in range(3)]
     result, made = supervise(spec, children, clock)
-    assert result.exit_code == exitcodes.FAILED and result.restarts == 2
+    assert result.exit_code == errors.FAILED and result.restarts == 2
     assert [s.profile for s in made] == ["fast", "safe", "single"]
     assert made[1].resume is None  # no checkpoint yet: start again in the same directory
     assert made[2].loader.workers == 0 and made[2].train_args["exist_ok"] is True
@@ -151,8 +151,8 @@ def test_crashes_are_restarted_down_the_ladder_then_given_up(spec):
 
 def test_user_errors_are_not_retried(spec):
     clock = Clock()
-    result, made = supervise(spec, [Script(clock, {}, exit_at=1, code=exitcodes.USAGE)], clock)
-    assert result.exit_code == exitcodes.USAGE and len(made) == 1
+    result, made = supervise(spec, [Script(clock, {}, exit_at=1, code=errors.USAGE)], clock)
+    assert result.exit_code == errors.USAGE and len(made) == 1
 
 
 def test_no_watchdog_means_no_stall_detection_and_no_restart(spec):
@@ -160,7 +160,7 @@ def test_no_watchdog_means_no_stall_detection_and_no_restart(spec):
     config = WatchdogConfig(enabled=False, stall_timeout=1, startup_grace=1, poll_interval=1)
     child = Script(clock, {1: beat(1)}, exit_at=5000)  # silent for over an hour, then done
     result, _ = supervise(spec, [child], clock, config=config)
-    assert result.exit_code == exitcodes.OK and result.hangs == []
+    assert result.exit_code == errors.OK and result.hangs == []
 
 
 def test_interrupt_stops_the_child_and_reports_130(spec):
@@ -170,7 +170,7 @@ def test_interrupt_stops_the_child_and_reports_130(spec):
                      sleep=lambda dt: (clock.sleep(dt), setattr(sup, "interrupted", 2)),
                      log=RunLog(stream=open("/dev/null", "w")))
     result = sup.run()
-    assert result.exit_code == exitcodes.INTERRUPTED and child.killed
+    assert result.exit_code == errors.INTERRUPTED and child.killed
 
 
 def test_detector_timeout_adapts_to_the_slowest_recent_step():
@@ -200,7 +200,7 @@ def test_state_file_follows_the_running_attempt_and_profiles_do_not_leak_env(spe
     healthy = Watched(clock, {100: beat(1, pid=101), 101: beat(2, batch=2, batches_total=2, pid=101)}, exit_at=150)
     healthy.pid = 101
     result, made = supervise(spec.with_changes(profile="safe", env={"OMP_NUM_THREADS": "2"}), [hung, healthy], clock)
-    assert result.exit_code == exitcodes.OK
+    assert result.exit_code == errors.OK
     assert made[1].profile == "single" and made[1].env == {}  # safe's OMP_NUM_THREADS does not follow
     state = seen["state"]
     assert (state["attempt"], state["profile"], state["child_pid"], state["restarts"]) == (2, "single", 101, 1)

@@ -1,0 +1,160 @@
+"""Every Ultralytics and torch internal rocm-yolo relies on, checked when the child starts.
+
+rocm-yolo patches and hooks Ultralytics and torch at narrow points. A point that moves in a
+new release would otherwise break a feature silently, so each one is listed here with the
+rocm-yolo feature that needs it, and checked in the training child right after the imports:
+
+- an **essential** one missing is a setup error (exit 4) naming the Ultralytics or torch
+  version and the feature: training would be unsafe or impossible without it;
+- a **degradable** one missing is a warning saying which rocm-yolo feature is off.
+
+``SUPPORTED_ULTRALYTICS`` is the range tested (CI runs the end-to-end subset against its
+lower bound); ``pyproject.toml`` declares the same range.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+from rocm_yolo.errors import SetupError
+
+SUPPORTED_ULTRALYTICS = ">=8.4.0,<=8.4.190"
+
+# The callbacks rocm-yolo registers (heartbeat, hooks, fault injection).
+CALLBACK_EVENTS = ("on_pretrain_routine_start", "on_pretrain_routine_end", "on_train_start", "on_train_epoch_start",
+                   "on_train_batch_start", "on_train_batch_end", "on_val_start", "on_val_batch_end", "on_model_save",
+                   "on_train_end")
+DATALOADER_ARGS = ("num_workers", "multiprocessing_context", "persistent_workers", "prefetch_factor", "pin_memory",
+                   "timeout", "worker_init_fn")
+CHECKPOINT_KEYS = ("epoch", "ema", "optimizer", "train_args")
+
+
+@dataclass(frozen=True)
+class Requirement:
+    what: str  # the internal, e.g. "InfiniteDataLoader.reset()"
+    feature: str  # the rocm-yolo feature that needs it
+    essential: bool
+    present: Callable[[], bool]
+    owner: str = "ultralytics"  # whose version to name
+
+
+def _dataloader_args() -> bool:
+    import torch.utils.data
+
+    params = inspect.signature(torch.utils.data.DataLoader.__init__).parameters
+    return all(name in params for name in DATALOADER_ARGS)
+
+
+def _callbacks() -> bool:
+    from ultralytics.utils.callbacks.base import default_callbacks
+
+    return all(event in default_callbacks for event in CALLBACK_EVENTS)
+
+
+def _trainer():
+    from ultralytics.engine.trainer import BaseTrainer
+
+    return BaseTrainer
+
+
+def _source(fn) -> str:
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return ""
+
+
+def _workers_zeroed_before_callback() -> bool:
+    text = _source(_trainer().__init__)
+    zeroed, callback = text.find("self.args.workers = 0"), text.find('run_callbacks("on_pretrain_routine_start")')
+    return 0 <= zeroed < callback or (zeroed < 0 and callback >= 0)
+
+
+def _checkpoint_schema() -> bool:
+    text = _source(_trainer().save_model)
+    return all(f'"{key}"' in text or f"'{key}'" in text for key in CHECKPOINT_KEYS)
+
+
+def _loader_reset() -> bool:
+    from ultralytics.data.build import InfiniteDataLoader
+
+    return callable(getattr(InfiniteDataLoader, "reset", None)) and "iterator" in _source(InfiniteDataLoader)
+
+
+def _iterator_workers() -> bool:
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    return "self._workers" in _source(_MultiProcessingDataLoaderIter.__init__) + _source(
+        getattr(_MultiProcessingDataLoaderIter, "_reset", None) or (lambda: None))
+
+
+def _conv_forward() -> bool:
+    from torch import nn
+
+    return "_conv_forward" in nn.Conv2d.__dict__
+
+
+def _cfg_key_sets() -> bool:
+    import ultralytics.cfg as cfg
+
+    return all(hasattr(cfg, name) for name in ("CFG_INT_KEYS", "CFG_FLOAT_KEYS", "CFG_FRACTION_KEYS", "CFG_BOOL_KEYS"))
+
+
+REQUIREMENTS = (
+    Requirement("DataLoader(num_workers, multiprocessing_context, persistent_workers, prefetch_factor, pin_memory, "
+                "timeout, worker_init_fn)", "spawn-safe DataLoaders", True, _dataloader_args, owner="torch"),
+    Requirement(f"trainer callbacks {', '.join(CALLBACK_EVENTS)}", "the heartbeat and the watchdog", True, _callbacks),
+    Requirement(f"checkpoint keys {', '.join(CHECKPOINT_KEYS)} in BaseTrainer.save_model",
+                "resume and the watchdog's restarts", True, _checkpoint_schema),
+    Requirement("BaseTrainer.get_dataloader(..., mode=)", "train/val loader roles (validation worker cap, loader log)",
+                False, lambda: callable(getattr(_trainer(), "get_dataloader", None))),
+    Requirement("BaseTrainer.__init__ zeroing workers before on_pretrain_routine_start",
+                "restoring the requested workers on the CPU", False, _workers_zeroed_before_callback),
+    Requirement("InfiniteDataLoader.reset() and .iterator", "fresh workers every epoch (non-persistent profiles)",
+                False, _loader_reset),
+    Requirement("DataLoader iterator ._workers", "worker PIDs in the events log", False, _iterator_workers, owner="torch"),
+    Requirement("nn.Conv2d._conv_forward", "Conv2d strategies other than native (--conv aten/fp32/gemm)", False,
+                _conv_forward, owner="torch"),
+    Requirement("CFG_INT_KEYS/CFG_FLOAT_KEYS/CFG_FRACTION_KEYS/CFG_BOOL_KEYS in ultralytics.cfg",
+                "type checks of KEY=VALUE before start (Ultralytics still checks them in the child)", False,
+                _cfg_key_sets),
+)
+
+
+def version(owner: str) -> str:
+    try:
+        module = __import__(owner)
+        return f"{owner} {getattr(module, '__version__', '?')}"
+    except Exception:  # noqa: BLE001
+        return f"{owner} (unimportable)"
+
+
+def missing() -> list[Requirement]:
+    """The requirements this installation does not meet."""
+    out = []
+    for req in REQUIREMENTS:
+        try:
+            ok = bool(req.present())
+        except Exception:  # noqa: BLE001 - a changed internal may fail any way
+            ok = False
+        if not ok:
+            out.append(req)
+    return out
+
+
+def check() -> list[str]:
+    """Raise :class:`SetupError` for a missing essential internal; the warnings for degradable ones."""
+    gone = missing()
+    essential = [r for r in gone if r.essential]
+    if essential:
+        r = essential[0]
+        raise SetupError(f"{version(r.owner)} lacks {r.what}, which rocm-yolo needs for {r.feature}: "
+                         f"install a supported version (pip install 'ultralytics{SUPPORTED_ULTRALYTICS}')")
+    return [f"{version(r.owner)} lacks {r.what}: {r.feature} is off (supported: ultralytics{SUPPORTED_ULTRALYTICS})"
+            for r in gone]
+
+
+def conv_patchable() -> bool:
+    return _conv_forward()

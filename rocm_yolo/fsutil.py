@@ -1,0 +1,86 @@
+"""Atomic file writes: a reader sees the old file or the new one, never half of one.
+
+The one helper every writer of a file that someone else reads uses (heartbeat, supervisor
+state, specs, the verified checkpoint copy, mid-epoch checkpoints, the self-test cache): a
+temporary file in the same directory, then ``os.replace``. With ``durable=True`` the data is
+fsynced before the rename and the directory after it, so a power cut or a kill during the
+write never leaves a damaged file where a good one was. A failed write removes its
+temporary file and raises: callers decide whether that matters.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+
+def _temporary(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def _sync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes, *, durable: bool = False) -> None:
+    """Write ``data`` (text as UTF-8) to ``path`` atomically; ``durable`` also fsyncs."""
+    path = Path(path)
+    tmp = _temporary(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        with open(tmp, "wb") as f:
+            f.write(payload)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        _sync_dir(path.parent)
+
+
+def copy_atomic(src: str | os.PathLike, dst: str | os.PathLike, *, durable: bool = False) -> None:
+    """Copy ``src`` to ``dst`` atomically (``durable``: fsynced)."""
+    dst = Path(dst)
+    tmp = _temporary(dst)
+    try:
+        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+            shutil.copyfileobj(fin, fout, 1 << 20)
+            if durable:
+                fout.flush()
+                os.fsync(fout.fileno())
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        _sync_dir(dst.parent)
+
+
+def remove_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files a killed writer left in ``directory``; the ones removed."""
+    removed = []
+    try:
+        entries = list(Path(directory).iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        if p.name.startswith(".") and p.name.endswith(".tmp"):
+            try:
+                p.unlink()
+                removed.append(p)
+            except OSError:
+                continue
+    return removed
