@@ -11,8 +11,10 @@ settings when it has worker processes:
   worker (spawned workers inherit no signal handlers) and records how the worker was made.
 
 A loader with ``num_workers=0`` only gets ``pin_memory``: torch rejects the other settings
-there. Loaders built while :func:`loader_role` says ``"val"`` are capped at the profile's
-validation worker count. The patch is idempotent (installing again only updates the
+there; under a ``threads`` setting (profile ``threads``) it is marked to load in threads of
+this process instead (:mod:`rocm_yolo.patches.threads`, installed with this patch). Loaders
+built while :func:`loader_role` says ``"val"`` are capped at the profile's validation worker
+count. The patch is idempotent (installing again only updates the
 settings) and :func:`uninstall` puts the original function object back.
 """
 
@@ -31,6 +33,7 @@ from typing import Any, Callable, Mapping
 
 import torch.utils.data
 
+from rocm_yolo.patches import threads
 from rocm_yolo.paths import RunPaths
 from rocm_yolo.proctree import DUMP_SIGNAL  # the watchdog sends it to dump Python stacks with faulthandler
 from rocm_yolo.profiles import LoaderSettings
@@ -74,6 +77,8 @@ def install(loader_settings: LoaderSettings | Mapping[str, Any], run_dir: str | 
         loader_settings = LoaderSettings.from_dict(loader_settings)
     _settings = loader_settings
     _run_dir = Path(run_dir) if run_dir is not None else None
+    if loader_settings.threads:
+        threads.install()
     if _original_init is not None:
         return
     original = torch.utils.data.DataLoader.__dict__["__init__"]
@@ -84,9 +89,12 @@ def install(loader_settings: LoaderSettings | Mapping[str, Any], run_dir: str | 
         bound = signature.bind(self, *args, **kwargs)
         arguments = dict(bound.arguments)
         del arguments["self"]
-        if _settings is not None:
-            arguments = _apply(arguments, _settings, getattr(_role, "value", None), type(self).__name__)
-        return original(self, **arguments)
+        role, s = getattr(_role, "value", None), _settings
+        if s is not None:
+            arguments = _apply(arguments, s, role, type(self).__name__)
+        original(self, **arguments)
+        if s is not None and s.threads and self.num_workers == 0:
+            _threads(self, s, role)
 
     __init__.__rocm_yolo_patch__ = True
     torch.utils.data.DataLoader.__init__ = __init__
@@ -101,6 +109,15 @@ def uninstall() -> None:
     torch.utils.data.DataLoader.__init__ = _original_init
     _original_init, _settings, _run_dir = None, None, None
     _built.clear()
+    threads.uninstall()
+
+
+def _threads(loader, s: LoaderSettings, role: str | None) -> None:
+    """Mark a loader without workers to load in ``s.threads`` threads (``val_workers`` caps validation)."""
+    n = min(s.threads, s.val_workers) if role == "val" and s.val_workers is not None else s.threads
+    plan = threads.attach(loader, n, s.prefetch_factor, s.timeout, role)
+    if plan is not None:
+        _built[-1].update(threads=plan.threads, prefetch_factor=plan.prefetch, timeout=plan.timeout)
 
 
 def _apply(arguments: dict, s: LoaderSettings, role: str | None, cls_name: str) -> dict:
@@ -143,6 +160,10 @@ def _apply(arguments: dict, s: LoaderSettings, role: str | None, cls_name: str) 
 def describe(entry: Mapping) -> str:
     """One log line for a loader entry of :func:`built_loaders`."""
     capped = f" (requested {entry['requested_workers']})" if entry["requested_workers"] != entry["workers"] else ""
+    if not entry["workers"] and entry.get("threads"):
+        return (f"{entry['role']} loader: workers=0{capped} threads={entry['threads']} (in the trainer process) "
+                f"prefetch={entry['prefetch_factor']} pin_memory={str(entry['pin_memory']).lower()} "
+                f"timeout={entry['timeout']:g}")
     if not entry["workers"]:
         return f"{entry['role']} loader: workers=0{capped} (in the main process), pin_memory={str(entry['pin_memory']).lower()}"
     return (

@@ -33,7 +33,8 @@ def _add_train(sub) -> None:
         description="Run Ultralytics training in a fresh child process with spawn-safe DataLoaders, "
         "under a watchdog that restarts a hung run from last.pt on a safer profile.",
         epilog=EPILOG + ". Any other Ultralytics train argument goes as KEY=VALUE (e.g. lr0=0.01 cache=ram); "
-        "loader settings too: persistent_workers=, prefetch_factor=, pin_memory=, timeout=, val_workers=.",
+        "loader settings too: persistent_workers=, prefetch_factor=, pin_memory=, timeout=, val_workers=, "
+        "threads= (loader threads of --profile threads).",
     )
     p.add_argument("data", nargs="?", metavar="DATA", help="dataset YAML, or 'demo' for the built-in demo set")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Ultralytics train arguments")
@@ -58,7 +59,7 @@ def _add_train(sub) -> None:
                    help="allowance before the first training batch of each attempt (default: 900)")
     w.add_argument("--max-restarts", type=int, default=3, metavar="N", help="restarts after a hang or crash (default: 3)")
     w.add_argument("--fallback", default=",".join(DEFAULT_LADDER), metavar="P1,P2,...",
-                   help="profiles to step through on each restart (default: fast,safe,single)")
+                   help=f"profiles to step through on each restart (default: {','.join(DEFAULT_LADDER)})")
 
 
 def build_parser() -> Parser:

@@ -90,6 +90,20 @@ def _iterator_workers() -> bool:
         getattr(_MultiProcessingDataLoaderIter, "_reset", None) or (lambda: None))
 
 
+def _thread_loader() -> bool:
+    import torch.utils.data
+
+    from rocm_yolo.patches import thread_rng, threads
+
+    return threads.available() and "_get_iterator" in torch.utils.data.DataLoader.__dict__ and thread_rng.patchable()
+
+
+def _close_stops_iterator_workers() -> bool:
+    from ultralytics.data.build import InfiniteDataLoader
+
+    return "_shutdown_workers" in _source(InfiniteDataLoader.close)
+
+
 def _conv_forward() -> bool:
     from torch import nn
 
@@ -115,6 +129,12 @@ REQUIREMENTS = (
     Requirement("InfiniteDataLoader.reset() and .iterator", "fresh workers every epoch (non-persistent profiles)",
                 False, _loader_reset),
     Requirement("DataLoader iterator ._workers", "worker PIDs in the events log", False, _iterator_workers, owner="torch"),
+    Requirement("DataLoader._get_iterator, _BaseDataLoaderIter, _DatasetKind, ExceptionWrapper, _generate_state; "
+                "random._inst and numpy.random.mtrand._rand",
+                "loader threads (profile threads: its loaders load in the main thread instead)", False, _thread_loader,
+                owner="torch"),
+    Requirement("InfiniteDataLoader.close() calling iterator._shutdown_workers()",
+                "stopping loader threads on close()/reset() (profile threads)", False, _close_stops_iterator_workers),
     Requirement("nn.Conv2d._conv_forward", "Conv2d strategies other than native (--conv aten/fp32/gemm)", False,
                 _conv_forward, owner="torch"),
     Requirement("CFG_INT_KEYS/CFG_FLOAT_KEYS/CFG_FRACTION_KEYS/CFG_BOOL_KEYS in ultralytics.cfg",

@@ -5,7 +5,8 @@ One variable, one grammar: ``ROCM_YOLO_FAULT=KIND[@WHERE][,KIND[@WHERE]...]``.
 Training faults, ``WHERE`` = ``EPOCH:BATCH`` (1-based; fired after that training batch):
 
 - ``worker-hang``: a DataLoader worker blocks forever in ``__getitem__`` (the trainer then
-  waits forever for its batch, as in the users' hangs); without ``@`` from the first item;
+  waits forever for its batch, as in the users' hangs); without ``@`` from the first item.
+  Under the ``threads`` profile the loader threads block instead, before their next batch;
 - ``main-hang``: the trainer's main thread blocks forever;
 - ``crash``: the trainer raises ``RuntimeError`` (a training error: restarted);
 - ``bug``: the trainer raises ``KeyError`` from rocm-yolo's own code (an internal error);
@@ -127,6 +128,21 @@ def arm_worker(dataset) -> None:
         return original(self, index)
 
     cls.__getitem__ = __getitem__  # this worker process only: it is a separate interpreter
+
+
+def thread_hang():
+    """In the trainer, for the loader threads of the ``threads`` profile: a check each thread runs
+    before each batch, blocking that thread forever once the trigger exists (None: no fault)."""
+    fault = find("worker-hang")
+    if fault is None:
+        return None
+    trigger = os.environ.get(TRIGGER_ENV) if fault.epoch is not None else None
+
+    def check() -> None:
+        if trigger is None or os.path.exists(trigger):
+            block_forever()
+
+    return check
 
 
 class Injector:

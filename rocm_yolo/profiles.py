@@ -2,9 +2,11 @@
 
 A profile is a frozen, named set of DataLoader and training settings that users validated
 on their hardware: ``fast`` (spawn, persistent workers), ``safe`` (fewer workers, fresh
-workers every epoch, no validation during training) and ``single`` (no worker process at
-all, the guaranteed fallback). Flags and KEY=VALUE overrides are merged onto a profile by
-:func:`resolve`, which is the only function that decides whether a combination is valid.
+workers every epoch, no validation during training), ``threads`` (no worker process: the
+loaders run in a pool of threads inside the trainer, see :mod:`rocm_yolo.patches.threads`)
+and ``single`` (no worker process and no loader thread at all, the guaranteed fallback).
+Flags and KEY=VALUE overrides are merged onto a profile by :func:`resolve`, which is the
+only function that decides whether a combination is valid.
 
 This module is imported by the CLI: it must not import torch or ultralytics.
 """
@@ -33,6 +35,7 @@ class Profile:
     timeout: float  # DataLoader timeout in seconds, 0 = wait forever (the watchdog still watches)
     val: bool  # validation after every epoch (the final validation always runs)
     env: tuple[tuple[str, str], ...] = ()
+    threads: int = 0  # loader threads in the trainer process (0: none); capped at the CPU count
 
     def rows(self) -> list[tuple[str, str]]:
         """Every setting as (name, value) text, for ``rocm-yolo profiles``."""
@@ -41,14 +44,16 @@ class Profile:
             workers = "0 (no worker process)" if self.max_workers == 0 else f"min(requested, {self.max_workers})"
         val_workers = "2 x workers (Ultralytics)" if self.val_workers_cap is None else f"<= {self.val_workers_cap}"
         single = self.max_workers == 0
+        loading = single and not self.threads  # nothing runs beside the main thread: no loader setting applies
         return [
             ("workers", workers),
             ("val workers", "0" if single else val_workers),
+            ("loader threads", f"min({self.threads}, CPUs)" if self.threads else "-"),
             ("start method", "-" if single else "spawn"),
             ("persistent", "-" if single else str(self.persistent_workers).lower()),
-            ("prefetch_factor", "-" if single else str(self.prefetch_factor)),
+            ("prefetch_factor", "-" if loading else str(self.prefetch_factor) + (" per thread" if self.threads else "")),
             ("pin_memory", "auto (on with a GPU)" if self.pin_memory is None else str(self.pin_memory).lower()),
-            ("timeout", "-" if single else (f"{self.timeout:g} s" if self.timeout else "none (watchdog)")),
+            ("timeout", "-" if loading else (f"{self.timeout:g} s" if self.timeout else "none (watchdog)")),
             ("val", "every epoch" if self.val else "final only"),
             ("env", " ".join(f"{k}={v}" for k, v in self.env) or "-"),
         ]
@@ -83,6 +88,19 @@ PROFILES: dict[str, Profile] = {
             env=(("OMP_NUM_THREADS", "2"),),
         ),
         Profile(
+            name="threads",
+            summary="no worker process: loading in threads of the trainer (threads=N), validation every epoch",
+            default_workers=0,
+            max_workers=0,
+            val_workers_cap=None,
+            persistent_workers=False,
+            prefetch_factor=2,
+            pin_memory=None,
+            timeout=0,
+            val=True,
+            threads=8,
+        ),
+        Profile(
             name="single",
             summary="no worker process at all: the guaranteed fallback",
             default_workers=0,
@@ -97,10 +115,11 @@ PROFILES: dict[str, Profile] = {
     )
 }
 DEFAULT_PROFILE = "fast"
-DEFAULT_LADDER = ("fast", "safe", "single")
+DEFAULT_LADDER = ("fast", "safe", "threads", "single")
 
 # KEY=VALUE names that set DataLoader settings (torch's names) rather than Ultralytics train args.
-LOADER_KEYS = frozenset({"persistent_workers", "prefetch_factor", "pin_memory", "timeout", "val_workers", "start_method"})
+LOADER_KEYS = frozenset({"persistent_workers", "prefetch_factor", "pin_memory", "timeout", "val_workers", "start_method",
+                         "threads"})
 START_METHODS = ("spawn", "forkserver", "fork")
 
 
@@ -116,6 +135,7 @@ class LoaderSettings:
     timeout: float
     start_method: str = "spawn"
     start_method_explicit: bool = False  # the user chose it: loaders that set their own keep theirs otherwise
+    threads: int = 0  # with workers=0: loader threads in the trainer process (profile threads); 0: the main thread
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -127,6 +147,10 @@ class LoaderSettings:
     def describe(self, workers: int | None = None) -> str:
         """One line: what a loader with ``workers`` workers really uses."""
         workers = self.workers if workers is None else workers
+        if workers == 0 and self.threads:
+            return (f"workers=0 threads={self.threads} (in the trainer process) prefetch={self.prefetch_factor} "
+                    f"pin_memory={'auto' if self.pin_memory is None else str(self.pin_memory).lower()} "
+                    f"timeout={self.timeout:g}")
         if workers == 0:
             return "workers=0 (in the main process)"
         return (
@@ -200,13 +224,24 @@ def resolve(
     n = profile.default_workers if workers is None else parse_int("workers", workers)
     if profile.max_workers is not None and n > profile.max_workers:
         if workers is not None and profile.max_workers == 0:
-            warnings.append(f"profile 'single' runs without worker processes: workers={n} ignored")
+            hint = " (set its loader threads with threads=N)" if profile.threads else ""
+            warnings.append(f"profile '{profile.name}' runs without worker processes: workers={n} ignored{hint}")
         elif workers is not None:
             warnings.append(f"profile '{profile.name}' caps workers at {profile.max_workers}: workers={n} -> {profile.max_workers}")
         n = profile.max_workers
     if n > cpus:
         warnings.append(f"workers={n} is more than the {cpus} CPUs here: capped at {cpus}")
         n = cpus
+
+    threads = min(profile.threads, cpus)
+    if "threads" in overrides:
+        if not profile.threads:
+            raise UsageError(f"threads= sets the loader threads of --profile threads, not of '{profile.name}': "
+                             "add --profile threads or drop threads=")
+        threads = parse_int("threads", overrides["threads"], minimum=1)
+        if threads > cpus:
+            warnings.append(f"threads={threads} is more than the {cpus} CPUs here: capped at {cpus}")
+            threads = cpus
 
     persistent = profile.persistent_workers
     prefetch: int | None = profile.prefetch_factor
@@ -216,7 +251,7 @@ def resolve(
             raise UsageError("persistent_workers=true needs workers > 0: drop it or set --workers")
     if "prefetch_factor" in overrides:
         prefetch = parse_int("prefetch_factor", overrides["prefetch_factor"], minimum=1)
-        if n == 0:
+        if n == 0 and not threads:
             raise UsageError("prefetch_factor needs workers > 0: drop it or set --workers")
     pin = profile.pin_memory
     if "pin_memory" in overrides:
@@ -241,10 +276,10 @@ def resolve(
     if "val_workers" in overrides:
         val_workers = parse_int("val_workers", overrides["val_workers"])
     if val_workers is not None:
-        val_workers = min(val_workers, cpus) if n else 0
+        val_workers = min(val_workers, cpus) if n or threads else 0
 
-    if n == 0:  # torch rejects these with num_workers=0
-        persistent, prefetch = False, None
+    if n == 0:  # torch rejects these with num_workers=0 (loader threads keep their prefetch)
+        persistent, prefetch = False, (prefetch if threads else None)
 
     do_val = profile.val if val is None else parse_bool("val", val)
     loader = LoaderSettings(
@@ -256,6 +291,7 @@ def resolve(
         timeout=timeout,
         start_method=start_method,
         start_method_explicit=explicit,
+        threads=threads,
     )
     return Resolved(profile=profile, loader=loader, val=do_val, env=dict(profile.env), warnings=tuple(warnings))
 
@@ -271,7 +307,7 @@ def next_profile(current: str, ladder: tuple[str, ...]) -> str:
 def parse_ladder(text: str) -> tuple[str, ...]:
     names = tuple(x.strip() for x in text.split(",") if x.strip())
     if not names:
-        raise UsageError("--fallback needs at least one profile, e.g. --fallback fast,safe,single")
+        raise UsageError("--fallback needs at least one profile, e.g. --fallback fast,safe,threads,single")
     for name in names:
         get_profile(name)
     return names

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -141,12 +143,16 @@ def test_a_hang_is_detected_dumped_killed_and_resumed_on_the_next_profile(spec):
 
 def test_crashes_are_restarted_down_the_ladder_then_given_up(spec):
     clock = Clock()
-    children = [Script(clock, {}, exit_at=1, code=1) for _ in range(3)]
-    result, made = supervise(spec, children, clock)
-    assert result.exit_code == errors.FAILED and result.restarts == 2
-    assert [s.profile for s in made] == ["fast", "safe", "single"]
+    children = [Script(clock, {}, exit_at=1, code=1) for _ in range(4)]
+    result, made = supervise(spec, children, clock, config=replace(CONFIG, max_restarts=3))
+    assert result.exit_code == errors.FAILED and result.restarts == 3
+    assert [s.profile for s in made] == ["fast", "safe", "threads", "single"]  # the default ladder
     assert made[1].resume is None  # no checkpoint yet: start again in the same directory
-    assert made[2].loader.workers == 0 and made[2].train_args["exist_ok"] is True
+    threads, single = made[2].loader, made[3].loader
+    assert threads.workers == 0 and threads.threads == min(8, os.cpu_count()) and threads.prefetch_factor == 2
+    assert made[2].val is True and made[2].env == {}  # safe's val=False and OMP_NUM_THREADS do not follow
+    assert single.workers == 0 and single.threads == 0 and single.prefetch_factor is None  # strictly one thread
+    assert made[3].train_args["exist_ok"] is True
 
 
 def test_user_errors_are_not_retried(spec):
@@ -201,7 +207,7 @@ def test_state_file_follows_the_running_attempt_and_profiles_do_not_leak_env(spe
     healthy.pid = 101
     result, made = supervise(spec.with_changes(profile="safe", env={"OMP_NUM_THREADS": "2"}), [hung, healthy], clock)
     assert result.exit_code == errors.OK
-    assert made[1].profile == "single" and made[1].env == {}  # safe's OMP_NUM_THREADS does not follow
+    assert made[1].profile == "threads" and made[1].env == {}  # safe's OMP_NUM_THREADS does not follow
     state = seen["state"]
-    assert (state["attempt"], state["profile"], state["child_pid"], state["restarts"]) == (2, "single", 101, 1)
+    assert (state["attempt"], state["profile"], state["child_pid"], state["restarts"]) == (2, "threads", 101, 1)
     assert Path(result.hangs[0]["stacks"]).name == "hang-1-stacks.txt"
