@@ -47,6 +47,7 @@ is idempotent; :func:`uninstall` puts the original function object back.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import queue
 import threading
@@ -68,12 +69,15 @@ except ImportError:  # pragma: no cover - depends on the torch version
     _BaseDataLoaderIter = None
 
 ATTRIBUTE = "_rocm_yolo_threads"  # a marked loader's ThreadPlan
-JOIN_SECONDS = 5.0  # shutdown waits this long in all for threads to finish their current batch
+JOIN_SECONDS = 5.0  # shutdown waits at most this long in all for threads to finish their current batch
 POLL_SECONDS = 5.0  # while waiting for a batch with no timeout: how often to check the thread is alive
 OS_NAME_PREFIX = "loader-"  # loader threads' OS names: loader-train-0, loader-val-1, ...
 TRANSFORM_ATTRIBUTES = ("transforms",)  # deep-copied per thread: Ultralytics' mix transforms hold the dataset
 
+JOIN_AT_EXIT_SECONDS = 10.0  # the interpreter's exit waits at most this long for busy loader threads
 _original_get_iterator: Callable | None = None
+_live: set = set()  # loader threads that have not finished
+_exit_hook = False
 
 
 @dataclass(frozen=True)
@@ -96,8 +100,11 @@ def installed() -> bool:
 
 def install() -> None:
     """Route marked loaders to :class:`ThreadedLoaderIter` and install the per-thread generators (idempotent)."""
-    global _original_get_iterator
+    global _original_get_iterator, _exit_hook
     thread_rng.install()
+    if not _exit_hook:
+        atexit.register(_stop_all_at_exit)
+        _exit_hook = True
     if _original_get_iterator is not None or not available():
         return
     original = torch.utils.data.DataLoader.__dict__["_get_iterator"]
@@ -140,6 +147,24 @@ def attach(loader, threads: int, prefetch: int | None, timeout: float, role: str
     plan = ThreadPlan(threads=n, prefetch=max(1, prefetch or 2), timeout=float(timeout or 0), role=role or "other")
     setattr(loader, ATTRIBUTE, plan)
     return plan
+
+
+def _stop_all_at_exit() -> None:
+    """Stop the loader threads before the interpreter finalizes (an atexit hook).
+
+    CPython 3.11 ends a daemon thread that wakes up during finalization with
+    ``pthread_exit``, whose forced unwind through a C++ frame (a torch call that released
+    the GIL) aborts the whole process ("terminate called without an active exception":
+    seen with spawn workers whose queue thread was still sending a batch). So every loader
+    thread still busy is asked to stop and given up to JOIN_AT_EXIT_SECONDS to finish its
+    batch; one stuck for good sleeps in a lock wait, which is safe to leave.
+    """
+    threads = list(_live)
+    for t in threads:
+        t.terminate()
+    deadline = time.monotonic() + JOIN_AT_EXIT_SECONDS
+    for t in threads:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 # --------------------------------------------------------------------------- per-thread state
@@ -209,6 +234,11 @@ class LoaderThread(threading.Thread):
         self.index_queue: queue.SimpleQueue = queue.SimpleQueue()
         self.data_queue: queue.SimpleQueue = queue.SimpleQueue()
         self.stopping = threading.Event()
+        self.slowest = 0.0  # seconds of the slowest batch so far (0: none done yet)
+
+    def start(self) -> None:
+        _live.add(self)
+        super().start()
 
     def run(self) -> None:
         set_name = getattr(torch.multiprocessing, "_set_thread_name", None)  # as torch names its pin thread
@@ -225,6 +255,7 @@ class LoaderThread(threading.Thread):
                 if task is None or self.stopping.is_set():
                     break
                 k, index = task
+                started = time.monotonic()
                 try:
                     if self.hang is not None:
                         self.hang()
@@ -233,11 +264,13 @@ class LoaderThread(threading.Thread):
                         data = _pin(data, self.device_type)
                 except BaseException:  # noqa: BLE001 - re-raised in the trainer, with this thread's traceback
                     data = ExceptionWrapper(where=f"in DataLoader loader thread {self.worker_id}")
+                self.slowest = max(self.slowest, time.monotonic() - started)
                 self.data_queue.put((k, data))
                 del data
         finally:
             thread_rng.unbind()
             self.dataset = None
+            _live.discard(self)
 
     def terminate(self) -> None:
         """Stop after the current batch (what ``InfiniteDataLoader.__del__`` calls on workers)."""
@@ -308,13 +341,20 @@ class ThreadedLoaderIter(_BaseDataLoaderIter if _BaseDataLoaderIter is not None 
         return data
 
     def _shutdown_workers(self) -> None:
-        """Stop every thread after its current batch; wait at most JOIN_SECONDS in all (a hung one stays)."""
+        """Stop every thread after its current batch, and wait for that.
+
+        A thread cannot be killed: one that takes more than twice its slowest batch so far
+        (plus half a second) to finish is stuck, and is left behind as a daemon thread rather
+        than holding up ``close()`` or the exit that the watchdog asked for. The wait is
+        JOIN_SECONDS at most, also before any batch is done.
+        """
         if self._shutdown:
             return
         self._shutdown = True
         for w in self._workers:
             w.terminate()
-        deadline = time.monotonic() + JOIN_SECONDS
+        slowest = max(w.slowest for w in self._workers)
+        deadline = time.monotonic() + (min(JOIN_SECONDS, 0.5 + 2 * slowest) if slowest else JOIN_SECONDS)
         for w in self._workers:
             w.join(timeout=max(0.0, deadline - time.monotonic()))
 
