@@ -70,11 +70,11 @@ except ImportError:  # pragma: no cover - depends on the torch version
 
 ATTRIBUTE = "_rocm_yolo_threads"  # a marked loader's ThreadPlan
 JOIN_SECONDS = 5.0  # shutdown waits at most this long in all for threads to finish their current batch
+JOIN_AT_EXIT_SECONDS = 10.0  # the interpreter's exit waits at most this long for busy loader threads
 POLL_SECONDS = 5.0  # while waiting for a batch with no timeout: how often to check the thread is alive
 OS_NAME_PREFIX = "loader-"  # loader threads' OS names: loader-train-0, loader-val-1, ...
 TRANSFORM_ATTRIBUTES = ("transforms",)  # deep-copied per thread: Ultralytics' mix transforms hold the dataset
 
-JOIN_AT_EXIT_SECONDS = 10.0  # the interpreter's exit waits at most this long for busy loader threads
 _original_get_iterator: Callable | None = None
 _live: set = set()  # loader threads that have not finished
 _exit_hook = False

@@ -52,6 +52,7 @@ def test_profiles_command_lists_every_setting():
         (["--workers", "1.5"], "is not an integer"),
         (["--profile", "turbo"], "invalid choice: 'turbo'"),
         (["--profile", "single", "prefetch_factor=2"], "prefetch_factor needs workers > 0"),
+        (["threads=4"], "threads= sets the loader threads of --profile threads, not of 'fast'"),
         (["--epochs", "x"], "invalid int value: 'x'"),
         (["resume=True"], "use --resume"),
         (["--conv", "magic"], "invalid choice: 'magic'"),
