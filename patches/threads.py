@@ -69,7 +69,7 @@ except ImportError:  # pragma: no cover - depends on the torch version
     _BaseDataLoaderIter = None
 
 ATTRIBUTE = "_rocm_yolo_threads"  # a marked loader's ThreadPlan
-JOIN_SECONDS = 5.0  # shutdown waits at most this long in all for threads to finish their current batch
+JOIN_SECONDS = 5.0  # close() waits at most this long in all for threads to finish their current batch
 JOIN_AT_EXIT_SECONDS = 10.0  # the interpreter's exit waits at most this long for busy loader threads
 POLL_SECONDS = 5.0  # while waiting for a batch with no timeout: how often to check the thread is alive
 OS_NAME_PREFIX = "loader-"  # loader threads' OS names: loader-train-0, loader-val-1, ...
@@ -159,12 +159,30 @@ def _stop_all_at_exit() -> None:
     thread still busy is asked to stop and given up to JOIN_AT_EXIT_SECONDS to finish its
     batch; one stuck for good sleeps in a lock wait, which is safe to leave.
     """
-    threads = list(_live)
+    stop_and_join(list(_live), JOIN_AT_EXIT_SECONDS)
+
+
+def stop_and_join(threads: list, cap: float) -> None:
+    """Ask ``threads`` to stop after their current batch and wait for that, ``cap`` seconds at most.
+
+    A thread cannot be killed. One whose current batch has run more than twice its slowest
+    batch so far, plus half a second, is stuck (a hang the watchdog deals with): it is not
+    waited for, and stays behind as a daemon thread, so that neither ``close()`` nor the exit
+    the watchdog asked for is held up by it.
+    """
     for t in threads:
         t.terminate()
-    deadline = time.monotonic() + JOIN_AT_EXIT_SECONDS
+    now = time.monotonic()
+    deadline = now + cap
     for t in threads:
-        t.join(timeout=max(0.0, deadline - time.monotonic()))
+        busy_since, slowest = t.busy_since, t.slowest
+        if busy_since is None:  # idle: it leaves at once
+            until = deadline
+        elif slowest:
+            until = min(deadline, busy_since + 2 * slowest + 0.5)
+        else:  # its first batch: no measure of what is normal yet
+            until = deadline
+        t.join(timeout=max(0.0, until - time.monotonic()))
 
 
 # --------------------------------------------------------------------------- per-thread state
@@ -196,7 +214,11 @@ def thread_copy(dataset: Any) -> Any:
     for name in TRANSFORM_ATTRIBUTES:
         if name in state:
             del memo[id(state[name])]
-            own[name] = copy.deepcopy(state[name], memo)
+            try:
+                own[name] = copy.deepcopy(state[name], memo)
+            except Exception as e:  # noqa: BLE001 - e.g. a third-party transform that cannot be copied
+                raise RuntimeError(f"loader threads: cannot copy the dataset's {name} for a thread "
+                                   f"({type(e).__name__}: {e}); use --profile single") from e
     return twin
 
 
@@ -235,6 +257,7 @@ class LoaderThread(threading.Thread):
         self.data_queue: queue.SimpleQueue = queue.SimpleQueue()
         self.stopping = threading.Event()
         self.slowest = 0.0  # seconds of the slowest batch so far (0: none done yet)
+        self.busy_since: float | None = None  # monotonic start of the batch in progress (None: idle)
 
     def start(self) -> None:
         _live.add(self)
@@ -255,7 +278,7 @@ class LoaderThread(threading.Thread):
                 if task is None or self.stopping.is_set():
                     break
                 k, index = task
-                started = time.monotonic()
+                started = self.busy_since = time.monotonic()
                 try:
                     if self.hang is not None:
                         self.hang()
@@ -265,6 +288,7 @@ class LoaderThread(threading.Thread):
                 except BaseException:  # noqa: BLE001 - re-raised in the trainer, with this thread's traceback
                     data = ExceptionWrapper(where=f"in DataLoader loader thread {self.worker_id}")
                 self.slowest = max(self.slowest, time.monotonic() - started)
+                self.busy_since = None
                 self.data_queue.put((k, data))
                 del data
         finally:
@@ -292,7 +316,7 @@ class ThreadedLoaderIter(_BaseDataLoaderIter if _BaseDataLoaderIter is not None 
         self._exhausted = False
         device_index = torch.accelerator.current_device_index() if self._pin_memory else None
         fetch_args = (self._auto_collation, self._collate_fn, self._drop_last)
-        hang = faults.thread_hang()
+        hang = faults.worker_hang_check()
         self._workers = [
             LoaderThread(i, thread_copy(self._dataset), fetch_args,
                          worker_seeds(self._base_seed, i, loader.worker_init_fn), self._pin_memory,
@@ -341,22 +365,11 @@ class ThreadedLoaderIter(_BaseDataLoaderIter if _BaseDataLoaderIter is not None 
         return data
 
     def _shutdown_workers(self) -> None:
-        """Stop every thread after its current batch, and wait for that.
-
-        A thread cannot be killed: one that takes more than twice its slowest batch so far
-        (plus half a second) to finish is stuck, and is left behind as a daemon thread rather
-        than holding up ``close()`` or the exit that the watchdog asked for. The wait is
-        JOIN_SECONDS at most, also before any batch is done.
-        """
+        """Stop every thread after its current batch (see :func:`stop_and_join`); torch's name."""
         if self._shutdown:
             return
         self._shutdown = True
-        for w in self._workers:
-            w.terminate()
-        slowest = max(w.slowest for w in self._workers)
-        deadline = time.monotonic() + (min(JOIN_SECONDS, 0.5 + 2 * slowest) if slowest else JOIN_SECONDS)
-        for w in self._workers:
-            w.join(timeout=max(0.0, deadline - time.monotonic()))
+        stop_and_join(self._workers, JOIN_SECONDS)
 
     def __del__(self):
         if getattr(self, "_workers", None):

@@ -113,26 +113,11 @@ def conv_fault(strategy: str, env: Mapping[str, str] = os.environ) -> None:
 # --------------------------------------------------------------------------- training
 
 
-def arm_worker(dataset) -> None:
-    """In a DataLoader worker: make this worker's ``__getitem__`` hang once the trigger exists."""
-    fault = find("worker-hang")
-    if fault is None or dataset is None:
-        return
-    trigger = os.environ.get(TRIGGER_ENV) if fault.epoch is not None else None
-    cls = type(dataset)
-    original = cls.__getitem__
-
-    def __getitem__(self, index):
-        if trigger is None or os.path.exists(trigger):
-            block_forever()
-        return original(self, index)
-
-    cls.__getitem__ = __getitem__  # this worker process only: it is a separate interpreter
-
-
-def thread_hang():
-    """In the trainer, for the loader threads of the ``threads`` profile: a check each thread runs
-    before each batch, blocking that thread forever once the trigger exists (None: no fault)."""
+def worker_hang_check():
+    """``worker-hang``: a check that blocks the calling thread forever once the trigger exists
+    (at once without ``@``); None when the fault is not requested. Worker processes run it in
+    every ``__getitem__`` (:func:`arm_worker`), the loader threads of the ``threads`` profile
+    before every batch."""
     fault = find("worker-hang")
     if fault is None:
         return None
@@ -143,6 +128,21 @@ def thread_hang():
             block_forever()
 
     return check
+
+
+def arm_worker(dataset) -> None:
+    """In a DataLoader worker: make this worker's ``__getitem__`` hang once the trigger exists."""
+    check = worker_hang_check()
+    if check is None or dataset is None:
+        return
+    cls = type(dataset)
+    original = cls.__getitem__
+
+    def __getitem__(self, index):
+        check()
+        return original(self, index)
+
+    cls.__getitem__ = __getitem__  # this worker process only: it is a separate interpreter
 
 
 class Injector:

@@ -159,8 +159,11 @@ def test_timeout_and_errors_reach_the_trainer_like_torch_workers(installed):
     with pytest.raises(RuntimeError, match="DataLoader timed out after 1 seconds"):
         next(it)
     assert time.monotonic() - t0 < 10
-    data.release.set()
-    it._shutdown_workers()
+    it._shutdown_workers()  # threads blocked for longer than twice their slowest batch: stuck, not waited for
+    assert any(t.is_alive() for t in it._workers)
+    data.release.set()  # unstuck, they stop after the batch in hand
+    for t in it._workers:
+        t.join(timeout=10)
     assert not any(t.is_alive() for t in it._workers)
     data.fail = True
     it = iter(DataLoader(data, batch_size=2))
