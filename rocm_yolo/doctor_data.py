@@ -95,6 +95,8 @@ def load_spec(yaml_path: Path) -> DataSpec:
         if not data.get(key):
             raise DataError(f"{yaml_path.name} has no '{key}:' entry")
     root = Path(data.get("path") or yaml_path.parent)
+    if root.is_file():
+        raise DataError(f"path: {root} is a file: it must be the data set's root directory (or leave it out)")
     if not root.exists() and not root.is_absolute():
         # Ultralytics resolves a relative root against the working directory, then its datasets_dir
         alt = (_datasets_dir() or Path("datasets")) / root
@@ -335,7 +337,7 @@ def split_row(split: str, report: SplitReport, nc: int) -> Row:
 # 5. data rows, then 6. loader rows
 
 
-def check_data_and_loader(opts: Options) -> Iterator[Row]:
+def check_data_and_loader(opts: Options, torch_error: str | None = None) -> Iterator[Row]:
     try:
         spec = load_spec(opts.data)
     except DataError as e:
@@ -367,6 +369,9 @@ def check_data_and_loader(opts: Options) -> Iterator[Row]:
             train_ok = row.status != FAIL or not report.problems.get("special") and row.data["usable"] > 0
         yield row
     if "loader" in opts.skip:
+        return
+    if torch_error is not None:  # the loader test needs torch: its failure would blame the data
+        yield from _loader_skipped(opts, f"torch cannot be imported ({torch_error}); see the torch row")
         return
     if not train_ok:
         yield from _loader_skipped(opts, "the train split has no usable images or has files that block")

@@ -30,7 +30,6 @@ from typing import Mapping
 from rocm_yolo.paths import RunPaths
 
 ENV = "ROCM_YOLO_FAULT"
-TRIGGER_ENV = "ROCM_YOLO_FAULT_TRIGGER"  # file whose existence tells workers to hang (set by the trainer)
 TRAINING = ("worker-hang", "main-hang", "crash", "bug")
 CONV = ("conv-raise", "conv-abort", "conv-hang")
 KINDS = TRAINING + CONV
@@ -112,12 +111,12 @@ def conv_fault(strategy: str, env: Mapping[str, str] = os.environ) -> None:
 # --------------------------------------------------------------------------- training
 
 
-def arm_worker(dataset) -> None:
+def arm_worker(dataset, run_dir: str | os.PathLike | None) -> None:
     """In a DataLoader worker: make this worker's ``__getitem__`` hang once the trigger exists."""
     fault = find("worker-hang")
     if fault is None or dataset is None:
         return
-    trigger = os.environ.get(TRIGGER_ENV) if fault.epoch is not None else None
+    trigger = str(RunPaths(run_dir).fault_trigger) if fault.epoch is not None and run_dir else None
     cls = type(dataset)
     original = cls.__getitem__
 
@@ -137,7 +136,6 @@ class Injector:
         self.paths = paths
         self.batch = 0
         paths.fault_trigger.unlink(missing_ok=True)  # a restarted run starts with healthy workers
-        os.environ[TRIGGER_ENV] = str(paths.fault_trigger)
 
     def _claim(self, fault: Fault) -> bool:
         marker = self.paths.fault_fired(fault.kind)

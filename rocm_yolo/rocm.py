@@ -156,13 +156,14 @@ def torch_build() -> dict:
     Used for cache keys and "is this a ROCm build" checks in processes that must stay
     torch-free. Values are None when torch is absent or the file cannot be parsed.
     """
-    info = {"torch": None, "cuda": None, "hip": None}
+    info = {"torch": None, "cuda": None, "hip": None, "path": None}
     try:
         spec = importlib.util.find_spec("torch")
     except (ImportError, ValueError):
         spec = None
     if spec is None or not spec.submodule_search_locations:
         return info
+    info["path"] = str(next(iter(spec.submodule_search_locations)))
     for location in spec.submodule_search_locations:
         path = Path(location) / "version.py"
         try:

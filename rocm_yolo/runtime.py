@@ -90,7 +90,8 @@ def header_lines(spec: RunSpec, env: Environment, conv_line: str) -> list[str]:
     build = f"HIP {torch.version.hip}" if torch.version.hip else f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU"
     device = spec.train_args.get("device") or "auto"
     lines = [
-        f"rocm-yolo {__version__} | profile {spec.profile} | start method spawn | device {device} | attempt {spec.attempt}",
+        f"rocm-yolo {__version__} | profile {spec.profile} | start method {_start_method(env.loader)} | device {device} "
+        f"| attempt {spec.attempt}",
         f"torch {torch.__version__} ({build} build) | ROCm {view.get('hip') or '-'} | "
         f"Ultralytics {ultralytics.__version__} | Python {sys.version.split()[0]}",
         f"loaders: {env.loader.describe()}",
@@ -102,6 +103,12 @@ def header_lines(spec: RunSpec, env: Environment, conv_line: str) -> list[str]:
         lines.append(advice)
     lines += list(spec.notes)
     return lines
+
+
+def _start_method(loader: LoaderSettings) -> str:
+    if not loader.workers:
+        return "- (no worker process)"
+    return "forkserver (preloaded)" if loader.start_method == "forkserver" else loader.start_method
 
 
 def train_args(spec: RunSpec, env: Environment, log: RunLog, ckpt: dict | None = None) -> dict:
@@ -177,6 +184,10 @@ def import_checked(name: str, what: str):
 def run(spec: RunSpec, log: RunLog) -> int:
     """Steps 2-4 of the child; raises for errors before training (the caller reports them)."""
     env = prepare_environment(spec)  # 2. profile variables and architecture presets (no torch yet)
+    if env.loader.workers and env.loader.start_method == "forkserver":
+        from rocm_yolo import forkserver
+
+        forkserver.start(spec.run_dir)  # imports torch and Ultralytics while the trainer does the same
     import_checked("torch", "reinstall torch (on an AMD GPU, the ROCm build)")  # 3.
     import_checked("ultralytics", "reinstall ultralytics")
     from rocm_yolo import compat
@@ -257,6 +268,20 @@ def report_setup_failure(spec: RunSpec, log: RunLog, error: BaseException) -> in
     return code
 
 
+def _drop_truncated(spec: RunSpec, log: RunLog) -> None:
+    """A save cut short by a full disk leaves a truncated checkpoint: it can never load, so remove it."""
+    from rocm_yolo import checkpoints
+
+    for path in (spec.paths.last, spec.paths.best):
+        reason = checkpoints.verify(path) if path.exists() else None
+        if reason is not None:
+            try:
+                path.unlink()
+                log.info(f"removed {path}: its save was cut short ({reason})")
+            except OSError:
+                pass
+
+
 def _raised_by_rocm_yolo(error: BaseException) -> bool:
     import traceback
 
@@ -268,6 +293,7 @@ def report_training_failure(spec: RunSpec, log: RunLog, error: BaseException) ->
     """An error during training: a full or read-only disk stops the run, a rocm-yolo bug is
     reported as one, anything else is a crash the supervisor restarts on a safer profile."""
     if errors.is_disk_error(error):
+        _drop_truncated(spec, log)  # frees the space they hold for the reports that follow
         return _say_setup_error(spec, log, error, errors.classify(error).line)
     if isinstance(error, BUG_TYPES) and _raised_by_rocm_yolo(error):
         return report_setup_failure(spec, log, error)  # classified internal: not retried

@@ -278,7 +278,9 @@ class Supervisor:
 
     def _cannot_start(self, spec: RunSpec, error: OSError) -> RunResult:
         reason = errors.classify(error).line if errors.is_disk_error(error) else errors.one_line(error)
-        self.log.event("setup_error", f"cannot start the training process: {reason}", error=reason)
+        self.log.event("setup_error", f"environment error: cannot start the training process: {reason}; not retrying",
+                       error=reason)
+        self._state_error = errors.is_disk_error(error)  # the line above says it: no second one about supervisor.json
         self._say_what_is_kept(spec)
         return self._finish(State.SETUP_FAILED, spec)
 
@@ -287,10 +289,8 @@ class Supervisor:
         paths = spec.paths
         kept = next((p for p in (paths.last, paths.last_good) if checkpoints.verify(p) is None), None)
         if kept is not None:
-            self.log.info(f"not restarting; the last loadable checkpoint is {kept}: once fixed, continue with "
+            self.log.info(f"the last loadable checkpoint is {kept}: once that is fixed, continue with "
                           f"rocm-yolo train --resume {paths.last}")
-        else:
-            self.log.info("not restarting: a restart would meet the same error")
 
     def _watch(self, child, spec: RunSpec) -> tuple[State, str]:
         detector = StallDetector(self.config, self.clock())
