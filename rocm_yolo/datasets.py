@@ -356,7 +356,28 @@ class ClassifySpec:
 
 
 def first_images(folder: Path, count: int) -> list[str]:
-    return list(islice(_walk_images(folder), count))
+    """Up to ``count`` images under ``folder``, in directory order, stopping as soon as they are found
+    (a thousand ImageNet class folders cost a thousand short reads, not a listing of every file)."""
+    found: list[str] = []
+    pending, seen = [str(folder)], set()
+    while pending and len(found) < count:
+        try:
+            top = pending.pop()
+            st = os.stat(top)
+            if (st.st_dev, st.st_ino) in seen:  # a symlink loop
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            with os.scandir(top) as entries:
+                for entry in entries:
+                    if entry.is_dir():
+                        pending.append(entry.path)
+                    elif _is_image(entry.name):
+                        found.append(entry.path)
+                        if len(found) >= count:
+                            break
+        except OSError:
+            continue
+    return found
 
 
 def load_classify_spec(path: Path) -> ClassifySpec:
@@ -446,7 +467,8 @@ def check_for_training(data: Path, task: str) -> list[str]:
 def _check_classify(path: Path) -> list[str]:
     spec = load_classify_spec(path)
     names = ", ".join(list(spec.names.values())[:10]) + (", ..." if len(spec.names) > 10 else "")
-    notes = [f"data: classification, {len(spec.names)} classes ({names})"]
+    count = len(spec.names)
+    notes = [f"data: classification, {count} class{'' if count == 1 else 'es'} ({names})"]
     if spec.auto_split:
         notes.append(f"data: {path} has no train/ folder: Ultralytics first copies its class folders into "
                      f"{path}_split/train and val (80/20) and trains on that")

@@ -120,7 +120,7 @@ _PROBLEMS = (  # kind, description, blocks training?
     ("loose", "images outside any class folder (Ultralytics ignores them)", False),
     ("emptyclass", "class folders without images", False),
     ("extraclass", "class folders the train split lacks (Ultralytics skips their images)", False),
-    ("missingclass", "classes of the train split without a folder here", False),
+    ("missingclass", "classes of the train split without images here", False),
 )
 _UNUSABLE = ("special", "missing", "corrupt", "badlabel", "badclass", "boxrow")
 
@@ -248,10 +248,10 @@ def check_classify_data(opts: Options) -> Iterator[Row]:
         return
     nc = len(spec.names)
     names = ", ".join(list(spec.names.values())[:8]) + (", ..." if nc > 8 else "")
-    found = f"{opts.data}: {nc} classes ({names}), splits {', '.join(spec.splits) or '-'}"
+    found = f"{opts.data}: {_n(nc, 'class')} ({names}), splits {', '.join(spec.splits) or '-'}"
     info = {"root": str(spec.root), "names": spec.names, "task": CLASSIFY, "splits": {k: str(v) for k, v in spec.splits.items()}}
     if spec.auto_split:
-        yield Row("data.folder", "data folder", WARN, f"{opts.data}: {nc} class folders, no train/ folder",
+        yield Row("data.folder", "data folder", WARN, f"{opts.data}: {_n(nc, 'class folder')}, no train/ folder",
                   f"Ultralytics copies them into {opts.data}_split/train and val (80/20) at every start; "
                   "split them yourself into train/ and val/ to train on stable splits", data=info)
     else:
@@ -301,7 +301,7 @@ def _class_problems(split: str, folder: Path, by_class: dict, loose: list, names
 def _classify_split_row(split: str, report: SplitReport, by_class: dict, nc: int) -> Row:
     status, details = _problem_details(report)
     usable = report.images - sum(report.count(k) for k in _UNUSABLE)
-    found = f"{report.images} images in {len(by_class)} class folders"
+    found = f"{_n(report.images, 'image')} in {_n(len(by_class), 'class folder')}"
     fixes = []
     if report.problems.get("special"):
         fixes.append("remove or replace the non-regular files named above")
@@ -483,7 +483,7 @@ def check_loader(opts: Options, data: dict) -> Iterator[Row]:
 
 
 def _n(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 'es' if word.endswith('ch') else 's'}"
+    return f"{count} {word}{'' if count == 1 else 'es' if word.endswith(('ch', 'ss')) else 's'}"
 
 
 def _took(result: ProbeResult, kind: str) -> float | None:

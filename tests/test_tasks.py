@@ -73,12 +73,14 @@ def task_runs(tmp_path_factory, task_data) -> dict[str, dict]:
         cwd = root / task
         cwd.mkdir()
         cli = Cli(cwd)
-        steps, started = [], time.monotonic()
+        steps, started, error = [], time.monotonic(), None
         try:
             for args, env in _scenario(task, task_data[task]):
                 steps.append(cli.run(*args, env=env, timeout=420))
+        except BaseException as e:  # noqa: BLE001 - reported by the tests, not lost in this thread
+            error = e
         finally:
-            results[task] = {"cli": cli, "run": cwd / "runs" / task / "train", "steps": steps,
+            results[task] = {"cli": cli, "run": cwd / "runs" / task / "train", "steps": steps, "error": error,
                              "seconds": time.monotonic() - started, "leftovers": cli.leftovers()}
             cli.kill_all()
 
@@ -108,6 +110,7 @@ def results_csv(run: Path) -> list[dict]:
 def test_task_trains_with_spawn_workers_and_resumes_on_single(task_runs, task):
     r = task_runs[task]
     run, steps = r["run"], r["steps"]
+    assert r["error"] is None, r["error"]
     out = "\n".join(s.stdout for s in steps)
     assert steps and steps[-1].returncode == 0, out[-4000:]
     assert run.is_dir(), f"Ultralytics' layout runs/{task}/NAME"
