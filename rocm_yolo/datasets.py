@@ -398,7 +398,8 @@ def load_classify_spec(path: Path) -> ClassifySpec:
     ndjson = path / ".ndjson.yaml"
     if ndjson.is_file():
         try:
-            names = dict(yaml.safe_load(ndjson.read_text())["names"])
+            names = yaml.safe_load(ndjson.read_text())["names"]
+            names = dict(enumerate(names)) if isinstance(names, list) else dict(names)
         except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
             raise DataError(f"{ndjson} has no readable 'names:'") from None
     else:
@@ -474,7 +475,8 @@ def _check_classify(path: Path) -> list[str]:
                      f"{path}_split/train and val (80/20) and trains on that")
         return notes
     train = spec.splits["train"]
-    per_class = {name: first_images(train / name, 2) for name in spec.names.values()}
+    folders = sorted(d.name for d in train.iterdir() if d.is_dir())  # the class names, or ids for an NDJSON set
+    per_class = {name: first_images(train / name, 2) for name in folders}
     if not any(per_class.values()):
         raise DataError(f"no training images in {train}/<class>/ (jpg, png, ...)")
     empty = [name for name, files in per_class.items() if not files]

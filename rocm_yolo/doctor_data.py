@@ -266,7 +266,8 @@ def check_classify_data(opts: Options) -> Iterator[Row]:
             train_ok = train_ok or (split in ("train", "all") and bool(files))
             continue
         report = scan_split(files, nc, None, threads, _Progress(opts.progress, split, len(files)))
-        report.problems.update(_class_problems(split, folder, by_class, loose, set(spec.names.values())))
+        train_folders = {d.name for d in splits.get("train", spec.root).iterdir() if d.is_dir()}  # names, or NDJSON ids
+        report.problems.update(_class_problems(split, folder, by_class, loose, train_folders))
         row = _classify_split_row(split, report, by_class, nc)
         if split in ("train", "all"):
             train_ok = row.status != FAIL or not report.problems.get("special") and row.data["usable"] > 0
