@@ -339,7 +339,8 @@ def check_label(path: str, nc: int, fmt: LabelFormat = LabelFormat()) -> tuple[s
         return "badlabel", f"{path}:{other}: mixes box and polygon lines (Ultralytics skips the image)"
     if first == "box" and fmt.task in (SEGMENT, OBB):
         return "boxrow", (f"{path}:{shapes[0][0]}: a box (class x y w h) where {fmt.task} needs {fmt.expected()}: "
-                          f"Ultralytics refuses a {fmt.task} data set with box-only label files")
+                          f"Ultralytics refuses a {fmt.task} data set with box-only label files "
+                          "(releases before 8.4.84 dropped every polygon instead)")
     return None
 
 

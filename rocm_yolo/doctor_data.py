@@ -359,9 +359,13 @@ def probe_main(spec_file: str) -> None:
     cfg = get_cfg(overrides={"imgsz": spec["imgsz"], "task": task})
     names = {int(k): v for k, v in spec["names"].items()}
     if task == "classify":  # what ClassificationTrainer.build_dataset makes
+        import inspect
+
         from ultralytics.data import ClassificationDataset
 
-        dataset = ClassificationDataset(spec["train"][0], cfg, augment=True, prefix="train", names=names)
+        aligned = "names" in inspect.signature(ClassificationDataset.__init__).parameters  # Ultralytics >= 8.4.154
+        dataset = ClassificationDataset(spec["train"][0], cfg, augment=True, prefix="train",
+                                        **({"names": names} if aligned else {}))
     else:
         data = {"names": names, "nc": len(names), "channels": spec["channels"]}
         if spec.get("kpt_shape") is not None:
