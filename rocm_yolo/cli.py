@@ -35,7 +35,8 @@ def _add_train(sub) -> None:
         epilog=EPILOG + ". Any other Ultralytics train argument goes as KEY=VALUE (e.g. lr0=0.01 cache=ram); "
         "loader settings too: persistent_workers=, prefetch_factor=, pin_memory=, timeout=, val_workers=.",
     )
-    p.add_argument("data", nargs="?", metavar="DATA", help="dataset YAML, or 'demo' for the built-in demo set")
+    p.add_argument("data", nargs="?", metavar="DATA",
+                   help="dataset YAML (for a -cls model: a directory of class folders), or 'demo' for the built-in demo set")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Ultralytics train arguments")
     p.add_argument("--model", help="model .pt or .yaml (default: Ultralytics' yolo26n.pt; yolo26n.yaml for demo)")
     p.add_argument("--workers", metavar="N", help="DataLoader workers (default: the profile's)")
@@ -44,7 +45,7 @@ def _add_train(sub) -> None:
     p.add_argument("--imgsz", type=int, metavar="N")
     p.add_argument("--batch", type=float, metavar="N", help="batch size (-1 for AutoBatch)")
     p.add_argument("--device", metavar="D", help="cpu, 0, 0,1, ... (default: Ultralytics' choice)")
-    p.add_argument("--project", metavar="DIR", help="output directory (default: runs/detect)")
+    p.add_argument("--project", metavar="DIR", help="output directory (default: runs/TASK, e.g. runs/detect)")
     p.add_argument("--name", metavar="NAME", help="run name (default: train, train-2, ...)")
     p.add_argument("--resume", nargs="?", const=True, metavar="LAST_PT",
                    help="continue a run from its last.pt (default: the newest under the project)")

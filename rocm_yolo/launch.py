@@ -18,13 +18,13 @@ from rocm_yolo.paths import RunPaths
 from rocm_yolo.profiles import DEFAULT_LADDER, DEFAULT_PROFILE, LOADER_KEYS, resolve
 from rocm_yolo.spec import RunSpec, latest_spec
 from rocm_yolo.supervisor import RunResult, State, Supervisor, WatchdogConfig
+from rocm_yolo.tasks import CLASSIFY, task_for_model
 
 CONV_STRATEGIES = ("auto", "native", "aten", "fp32", "gemm")
 # Flags that are also Ultralytics train arguments (KEY=VALUE may not set them a second time).
 FLAG_KEYS = ("model", "workers", "epochs", "imgsz", "batch", "device", "project", "name")
 NOT_KEYS = {"mode": "rocm-yolo always trains", "task": "the task follows the model", "resume": "use --resume [LAST_PT]"}
 DEMO_DEFAULTS = {"imgsz": 64, "batch": 8, "plots": False}  # sized for a CPU: 2 epochs in well under a minute
-TASK_SUFFIXES = {"-seg": "segment", "-pose": "pose", "-obb": "obb", "-cls": "classify"}
 
 
 def parse_key_values(items: list[str]) -> dict[str, Any]:
@@ -41,32 +41,43 @@ def parse_key_values(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def _task(model: str) -> str:
-    stem = Path(model).stem
-    for suffix, task in TASK_SUFFIXES.items():
-        if stem.endswith(suffix):
-            return task
-    return "detect"
+def _resolve_data(data: str, task: str) -> tuple[str, list[str]]:
+    """The data path to train ``task`` on and notes for the run header; UsageError for data
+    Ultralytics would refuse. A classification model takes a class-per-folder directory, every
+    other task a dataset YAML (Ultralytics' check_cls_dataset / check_det_dataset)."""
+    from rocm_yolo.datasets import ARCHIVES, DataError, check_for_training, datasets_dir
 
-
-def _resolve_data(data: str) -> str:
     if data == "demo":
+        if task != "detect":
+            raise UsageError(f"'demo' is a detection data set: train it with a detection model (e.g. --model yolo26n.yaml), "
+                             f"or pass your own {task} data")
         from rocm_yolo.demo import write_demo
 
-        return str(write_demo())
+        return str(write_demo()), []
     path = Path(data).expanduser()
-    if path.is_file():
-        from rocm_yolo.doctor_data import DataError, load_spec  # the doctor's reading of a data YAML
-
+    bare = not path.parent.parts and not path.suffix  # e.g. 'imagenet10': a name Ultralytics looks up
+    if task == CLASSIFY and bare and not path.exists() and datasets_dir() and (datasets_dir() / data).is_dir():
+        path = datasets_dir() / data  # check_cls_dataset looks in its datasets_dir
+    if task == CLASSIFY and path.is_file():
+        if path.suffix.lower() in ARCHIVES:
+            return str(path.resolve()), []  # Ultralytics unpacks it into its datasets_dir
+        raise UsageError(f"data {data} is a file, but a classification model trains on a directory of class folders "
+                         "(DIR/train/<class>/*.jpg and DIR/val/<class>/*.jpg): pass that directory")
+    if task != CLASSIFY and path.is_dir():
+        yamls = sorted(path.glob("*.yaml")) + sorted(path.glob("*.yml"))
+        example = yamls[0] if yamls else Path(data) / "data.yaml"
+        raise UsageError(f"data '{data}' is a directory: a {task} model trains on a dataset YAML, pass it (e.g. {example}); "
+                         "a directory of class folders is for a classification model (e.g. --model yolo26n-cls.yaml)")
+    if path.exists():
         try:
-            load_spec(path)
+            notes = check_for_training(path, task)
         except DataError as e:
             raise UsageError(f"data {data}: {e}") from None
-        return str(path.resolve())
-    if path.is_dir():
-        raise UsageError(f"data '{data}' is a directory: pass its dataset YAML (e.g. {data}/data.yaml)")
-    if path.suffix in {".yaml", ".yml"} and not path.parent.parts:
-        return data  # a name Ultralytics knows (e.g. coco8.yaml); it downloads it
+        return str(path.resolve()), notes
+    if (task == CLASSIFY and bare) or (task != CLASSIFY and path.suffix in {".yaml", ".yml"} and not path.parent.parts):
+        return data, []  # a name Ultralytics knows (e.g. coco8.yaml, imagenet10); it downloads it
+    if task == CLASSIFY:
+        raise UsageError(f"data folder not found: {data} (a classification model takes a directory of class folders)")
     raise UsageError(f"data file not found: {data} (pass a dataset YAML, or 'demo' for the built-in demo set)")
 
 
@@ -125,8 +136,12 @@ def _check_device(device: object) -> None:
 
 
 def default_model(data: str | None) -> str:
-    """Ultralytics' detect default of the installed version; as a YAML for the demo (no download)."""
-    name = ucfg.load().task2model.get("detect", "yolo26n.pt")
+    """Ultralytics' detect default of the installed version; as a YAML for the demo (no download).
+
+    A directory can only be classification data, so it gets Ultralytics' classify default.
+    """
+    task = CLASSIFY if data and data != "demo" and Path(data).expanduser().is_dir() else "detect"
+    name = ucfg.load().task2model.get(task, "yolo26n-cls.pt" if task == CLASSIFY else "yolo26n.pt")
     return str(Path(name).with_suffix(".yaml")) if data == "demo" else name
 
 
@@ -178,11 +193,17 @@ def make_spec(
         user_keys.add("conv")
 
     previous = None
-    project_dir = Path(flags["project"] or Path("runs") / _task(flags["model"] or "")).expanduser().resolve()
+    resuming = resume is not None and resume is not False
+    model_name = str(flags["model"] or ("" if resuming else default_model(data)))
+    if flags["model"] and not Path(model_name).suffix:
+        raise UsageError(f"--model {model_name}: give a .pt checkpoint or a .yaml model definition (e.g. yolo26n.yaml)")
+    task = task_for_model(model_name) if model_name else None
+    # Ultralytics' layout runs/TASK/NAME; a bare --resume looks through every task's runs
+    project_dir = Path(flags["project"] or (Path("runs") / task if task else Path("runs"))).expanduser().resolve()
     name = _check_name(str(flags["name"] or "train"))
     _check_device(flags["device"] if flags["device"] is not None else extra.get("device"))
     resume_notes: list[str] = []
-    resuming = resume is not None and resume is not False
+    data_notes: list[str] = []
     if resuming:
         last = _find_resume(resume, project_dir)
         run_dir = last.parent.parent
@@ -202,21 +223,22 @@ def make_spec(
         if conv is None and previous is not None and "conv" in previous.user_keys:
             conv = previous.conv
             user_keys.add("conv")
-        data_path = _resolve_data(data) if data else (previous.data if previous else "")
+        if data:
+            data_path, data_notes = _resolve_data(data, task_for_model(last))
+        else:
+            data_path = previous.data if previous else ""
         train_args: dict[str, Any] = {"data": data_path} if data else {}  # a moved data set: say where it is now
         if data:
             user_keys.add("data")
     else:
         if not data:
-            raise UsageError("DATA is required: a dataset YAML, or 'demo' for the built-in demo set (or --resume LAST_PT)")
-        data_path = _resolve_data(data)
+            raise UsageError("DATA is required: a dataset YAML (a directory of class folders for a classification model), "
+                             "or 'demo' for the built-in demo set (or --resume LAST_PT)")
+        data_path, data_notes = _resolve_data(data, task)
         if data == "demo":
             for key, value in DEMO_DEFAULTS.items():
                 if flags.get(key) is None and key not in extra:
                     extra[key] = value
-        model_name = str(flags["model"] or default_model(data))
-        if flags["model"] and not Path(model_name).suffix:
-            raise UsageError(f"--model {model_name}: give a .pt checkpoint or a .yaml model definition (e.g. yolo26n.yaml)")
         train_args = {"data": data_path}
     resolved = resolve(profile or DEFAULT_PROFILE, flags["workers"], loader_overrides, val=val)
     for key in ("epochs", "imgsz", "batch", "device"):
@@ -225,7 +247,7 @@ def make_spec(
     train_args.update(extra)
 
     # Everything the user gave is valid: only now take the run directory (and hold it).
-    notes = list(resolved.warnings)
+    notes = list(resolved.warnings) + data_notes
     if resuming:
         ownership.acquire(run_dir)  # refuses a live run before anything in it is touched
         try:
