@@ -101,7 +101,6 @@ def header_lines(spec: RunSpec, env: Environment, conv_line: str) -> list[str]:
     advice = rocm.override_advice(env.arch, os.environ)
     if advice:
         lines.append(advice)
-    lines += list(spec.notes)
     return lines
 
 
