@@ -167,10 +167,17 @@ class Reference:
             self.fused_warm = [b(x) for b, x in zip(fused, self.warm_x)]
 
 
-def build_reference() -> Reference:
-    """The reference, computed with torch's own kernels: call before installing any strategy."""
+def build_reference(device: str = "cpu") -> Reference:
+    """The reference, computed with torch's own kernels: call before installing any strategy.
+
+    When the strategies are tested on the CPU too (tests, by-hand checks), torch gets one
+    thread: on a shared machine, OpenMP threads that spin while waiting for a descheduled
+    sibling would inflate the CPU time the timed run measures many times over.
+    """
     if conv_patch.installed_strategy() not in (None, "native"):
         raise RuntimeError("the reference must be computed before a strategy is installed")
+    if torch.device(device).type == "cpu":
+        torch.set_num_threads(1)
     return Reference()
 
 

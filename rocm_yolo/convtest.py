@@ -101,7 +101,7 @@ def _child_main(device: str, strategies: list[str], amp: bool, timing: Timing) -
             if reference is None:  # torch's own kernels, before any strategy is installed here
                 from rocm_yolo import convprobe  # imports torch
 
-                reference = convprobe.build_reference()
+                reference = convprobe.build_reference(device)
             convprobe.prepare(strategy)
             err = max(convprobe.check_training(reference, device, amp),
                       convprobe.check_validation(reference, device, amp))

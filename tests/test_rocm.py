@@ -306,3 +306,35 @@ def test_strategy_names_have_one_source():
         text = (root / path).read_text()
         assert "from rocm_yolo.conv_strategies import" in text, path
         assert '("native", "aten"' not in text, path
+
+
+def test_doctor_conv_row_shows_the_timings_and_what_auto_picks(tmp_path, monkeypatch):
+    """The doctor tests what training would run (the gfx101x presets: fp32, MIOPEN_FIND_MODE=FAST)
+    and reports each strategy's time, auto's pick, and the choice training has cached."""
+    from rocm_yolo import doctor_checks
+    from rocm_yolo.doctor_model import WARN, Options
+
+    seen = {}
+    results = {"native": _bad("HIP error: invalid device function"), "aten": _ok(0.31), "fp32": _bad("garbage"),
+               "gemm": _ok(0.10), "miopen-off": _ok(0.30)}
+
+    def run_selftest(device, strategies=convtest.STRATEGIES, timeout=0.0, *, amp=False, timing=None, env=None):
+        seen.update(device=device, amp=amp, env=env, timeout=timeout)
+        return results
+
+    monkeypatch.setattr(convtest, "run_selftest", run_selftest)
+    monkeypatch.setenv("ROCM_YOLO_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("MIOPEN_FIND_MODE", raising=False)
+    key = convtest.cache_key("gfx1010", rocm.torch_build(), False)
+    cached = {"version": convtest.CACHE_VERSION, "strategy": "aten", "results": {"aten": _ok(0.2), "gemm": _ok(0.5)}}
+    (tmp_path / convtest.CACHE_FILE).write_text(json.dumps({key: cached}))
+    gpu = GpuNode(node=1, gfx_target_version=100100, arch="gfx1010")
+    (row,) = doctor_checks.check_conv(Options(), [gpu], "hip")
+    assert row.status == WARN and row.found.endswith("auto picks gemm (gemm 1.0, miopen-off 3.0x, aten 3.1x)")
+    assert "--conv gemm" in row.fix
+    assert seen["device"] == "cuda" and seen["amp"] is False and seen["env"]["MIOPEN_FIND_MODE"] == "FAST"
+    assert seen["timeout"] >= 300
+    assert "gemm: ok, 100.0 ms per step, max err 1e-06" in row.details
+    assert "native: failed (HIP error: invalid device function)" in row.details
+    assert any("cached" in d and "aten (aten 1.0, gemm 2.5x)" in d for d in row.details)
+    assert row.data["auto"] == "gemm"
