@@ -254,8 +254,8 @@ def presets(arch: str | None, user_args: Mapping[str, object], env: Mapping[str,
     # source ties pinned DataLoader memory to gfx101x faults, so Ultralytics' default stays.)
     wanted = [
         ("arg", "amp", False,
-         "fp16 convolutions are broken on RDNA1/2 (Comfy-Org/ComfyUI#15615); Ultralytics' AMP check downloads "
-         "weights and lets HIP errors escape"),
+         "fp16 is broken on RDNA1/2 (MIOpen's fp16 convolutions segfault: Comfy-Org/ComfyUI#15615); Ultralytics' "
+         "AMP check downloads weights and lets HIP errors escape"),
         ("arg", "channels_last", False,
          "Ultralytics turns NHWC on for device type cuda, which ROCm reports; MIOpen's NHWC kernels are its "
          "less-tested, slower path on Radeon (pytorch/pytorch#110319, #170947)"),
@@ -263,8 +263,8 @@ def presets(arch: str | None, user_args: Mapping[str, object], env: Mapping[str,
          "MIOpen often has no working gfx101x kernel: a self-test times native, aten, fp32, gemm and miopen-off "
          "and picks the fastest that works"),
         ("env", "MIOPEN_FIND_MODE", "FAST",
-         "no benchmarking of every solver on first use (MIOpen docs: find-db hit or immediate-mode fallback): "
-         "start-up in seconds, and no failing kernels tried one after another"),
+         "MIOpen takes its find-db entry or immediate-mode fallback instead of benchmarking every solver on "
+         "first use (MIOpen docs): a quick start, no failing kernels tried one after another"),
         ("env", "PYTORCH_MIOPEN_SUGGEST_NHWC", "0",
          "keep MIOpen on NCHW kernels where a ROCm 7 build would pick NHWC (pytorch/pytorch#170947)"),
         ("env", "MIOPEN_USER_DB_PATH", str(miopen / "db"),
