@@ -17,6 +17,7 @@ allocation), and both as ratios to ``native``. Not a test: run it by hand and co
 tables into the docs.
 
     python benchmarks/bench_conv.py                      # yolo26n.yaml, imgsz 320, batch 8, CPU
+    python benchmarks/bench_conv.py --threads 1          # the same on a busy shared machine
     python benchmarks/bench_conv.py --device cuda --imgsz 640 --batch 32 --iters 10
 """
 
@@ -46,6 +47,8 @@ def worker(args) -> dict:
     from rocm_yolo.patches.conv import install
 
     install(args.worker)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     cuda = args.device.startswith("cuda")
     torch.manual_seed(0)
     model = YOLO(args.model).model.to(args.device)
@@ -106,6 +109,8 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--amp", action="store_true", help="train under autocast")
     parser.add_argument("--val-fp32", action="store_true", help="validate in float32 on a GPU too")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 on a busy shared machine, "
+                        "where waiting OpenMP threads spin)")
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--phases", default=",".join(PHASES))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -121,6 +126,7 @@ def main() -> int:
             cmd = [sys.executable, __file__, "--worker", strategy, "--phase", phase, "--model", args.model,
                    "--imgsz", str(args.imgsz), "--batch", str(args.batch), "--iters", str(args.iters),
                    "--device", args.device] + (["--amp"] if args.amp else []) + (["--val-fp32"] if args.val_fp32 else [])
+            cmd += ["--threads", str(args.threads)] if args.threads else []
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 print(f"{strategy} {phase}: failed\n{proc.stderr[-2000:]}", file=sys.stderr)
@@ -135,7 +141,8 @@ def main() -> int:
     memory = "peak allocated (MiB)" if cuda else "peak RSS growth (MiB)"
     val_dtype = "fp16" if cuda and not args.val_fp32 else "fp32"
     print(f"\n{args.model}, imgsz {args.imgsz}, device {args.device}, median of {args.iters} after a warm-up; "
-          f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
+          f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+          f"{args.threads or torch.get_num_threads()} threads")
     print(f"train: batch {args.batch}, forward + backward{' under autocast' if args.amp else ''}; "
           f"val: batch {2 * args.batch}, fused, {val_dtype}, inference mode, {args.imgsz}x{(args.imgsz * 3 // 4 + 31) // 32 * 32}\n")
     print(f"| strategy | train step (s) | vs native | val pass (s) | vs native | train {memory} | vs native "

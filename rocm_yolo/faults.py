@@ -13,11 +13,11 @@ Training faults, ``WHERE`` = ``EPOCH:BATCH`` (1-based; fired after that training
 
 Conv self-test faults, ``WHERE`` = a strategy name: ``conv-raise`` imitates a HIP error,
 ``conv-abort`` a GPU memory access fault (SIGABRT), ``conv-hang`` a stuck kernel (all three
-as the strategy starts); ``conv-slow`` makes every convolution of the strategy really slower
-(it spins for ``SLOW_CONV_SECONDS`` of CPU time), so the self-test's timed run measures it; ``conv-half-inference`` makes its
-half-precision convolutions outside autograd raise, as MIOpen's "No invoker was registered
-for convolution forward" did in YOLOv8's validation (ROCm/MIOpen#3077): training passes,
-validation fails.
+as the strategy starts); ``conv-slow`` makes every convolution of the strategy really
+slower (it spins for ``SLOW_CONV_SECONDS`` of CPU time), so the self-test's timed run
+measures it; ``conv-half-inference`` makes its half-precision convolutions outside
+autograd raise, as MIOpen's "No invoker was registered for convolution forward" did in
+YOLOv8's validation (ROCm/MIOpen#3077): training passes, validation fails.
 
 A training fault fires once per run directory (a marker file records it), so the run that
 the watchdog restarts is healthy. Nothing here is active unless the variable is set.
