@@ -29,6 +29,8 @@ a float64 CPU reference computed with torch's own kernels before any strategy is
    The half-precision variants run even when training is float32: a checkpoint is
    validated and used for prediction on the same card, and a strategy whose fp16
    inference is broken is passed over (``fp32`` then costs nothing in a float32 run).
+   Then, without a reference, the same validation at YOLO scale (twice the timing batch,
+   a letterboxed image of the timing size): outputs must come out, and finite.
 3. **Timed run**: the training step at YOLO scale (``imgsz``/``batch`` of the timing), two
    warm-up steps (MIOpen finds and compiles its kernels on first use), then the median of
    at least three steps (wall time on a GPU; CPU time on the CPU, see :func:`time_training`).
@@ -48,7 +50,7 @@ from rocm_yolo import faults
 from rocm_yolo.patches import conv as conv_patch
 
 __all__ = ["LAYERS", "ProbeError", "Reference", "build_reference", "prepare", "check_training",
-           "check_validation", "time_training"]
+           "check_validation", "check_validation_at_scale", "time_training"]
 
 #: (label, in, out, kernel, stride, groups, head, downscale): the input of each block is
 #: ``imgsz / downscale`` pixels square. Channels are yolo26n's; together these kinds carry
@@ -288,6 +290,29 @@ def check_validation(ref: Reference, device: str, amp: bool) -> float:
             for (label, *_), y, e in zip(LAYERS, outs, expected):
                 worst = max(worst, _compare(label, ["output"], [y], [e], tol))
     return worst
+
+
+def check_validation_at_scale(device: str, amp: bool, imgsz: int, batch: int) -> None:
+    """The validation variants again at YOLO scale (``2 * batch``, a letterboxed ``imgsz`` image).
+
+    MIOpen picks kernels per problem size, and a kernel missing for one size is enough to
+    crash a validation (ROCm/MIOpen#3077 failed 119 batches into one). No reference at this
+    size: the outputs must come out, finite.
+    """
+    device_type = torch.device(device).type
+    ema = _blocks(torch.float32, device, seed=5).eval()
+    fused = nn.ModuleList(fuse(b) for b in ema).half()
+    hw = (imgsz, max(32, imgsz * 3 // 4 // 32 * 32))
+    name = f"validation at scale (batch {2 * batch}, {hw[0]}x{hw[1]})"
+    ema_input = torch.float16 if amp and device_type != "cpu" else torch.float32
+    for variant, model, dtype, autocast in (("EMA", ema, ema_input, amp), ("fused fp16", fused, torch.float16, False)):
+        inputs = _inputs(2 * batch, hw, dtype, device, seed=7)
+        with stage(f"{name}, {variant}", device), torch.inference_mode(), \
+                torch.autocast(device_type, dtype=_low_dtype(device_type), enabled=autocast):
+            for (label, *_), block, x in zip(LAYERS, model, inputs):
+                with stage(label, device):
+                    if not torch.isfinite(block(x)).all():
+                        raise ProbeError("non-finite output")
 
 
 def time_training(device: str, amp: bool, imgsz: int, batch: int, *, min_reps: int = 3, max_reps: int = 10,

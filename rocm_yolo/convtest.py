@@ -105,6 +105,7 @@ def _child_main(device: str, strategies: list[str], amp: bool, timing: Timing) -
             convprobe.prepare(strategy)
             err = max(convprobe.check_training(reference, device, amp),
                       convprobe.check_validation(reference, device, amp))
+            convprobe.check_validation_at_scale(device, amp, timing.imgsz, timing.batch)
             seconds = convprobe.time_training(device, amp, timing.imgsz, timing.batch, budget_s=timing.budget_s)
         except Exception as exc:  # noqa: BLE001 - every failure is a result
             emit({"strategy": strategy, "ok": False, "max_err": float("nan"), "error": _one_line(exc), "time_s": None})
