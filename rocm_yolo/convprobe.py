@@ -6,8 +6,8 @@ the torch-free side that starts children, chooses and caches.
 
 The workload is one block per kind of convolution a YOLO detection model runs
 (:data:`LAYERS`: stem, stride-2 downsampling, 3x3 bottleneck, 1x1 projections, depthwise,
-the biased head convolutions), each ``Conv -> BatchNorm -> SiLU`` like Ultralytics' ``Conv``
-(the head ones ``Conv`` with a bias, as in the Detect head). Every result is compared with
+the biased 1x1 head convolution), each ``Conv -> BatchNorm -> SiLU`` like Ultralytics'
+``Conv`` (the head one a plain ``Conv2d`` with a bias, as in the Detect head). Every result is compared with
 a float64 CPU reference computed with torch's own kernels before any strategy is installed.
 
 1. **Training step**: train mode (BatchNorm on batch statistics), forward and backward,
@@ -53,8 +53,8 @@ __all__ = ["LAYERS", "ProbeError", "Reference", "build_reference", "prepare", "c
            "check_validation", "check_validation_at_scale", "time_training"]
 
 #: (label, in, out, kernel, stride, groups, head, downscale): the input of each block is
-#: ``imgsz / downscale`` pixels square. Channels are yolo26n's; together these kinds carry
-#: most of its convolution work.
+#: ``imgsz / downscale`` pixels square. The kinds of convolution yolo26n runs, each with
+#: channels and a resolution of one of its layers (the heaviest ones where there is a choice).
 LAYERS = (
     ("stem 3x3/2", 3, 16, 3, 2, 1, False, 1),
     ("down 3x3/2", 16, 32, 3, 2, 1, False, 2),
@@ -63,7 +63,7 @@ LAYERS = (
     ("pointwise 1x1", 192, 128, 1, 1, 1, False, 16),
     ("pointwise 1x1 P3", 256, 64, 1, 1, 1, False, 8),
     ("depthwise 3x3", 64, 64, 3, 1, 64, False, 8),
-    ("head 3x3+bias", 64, 64, 3, 1, 1, True, 8),
+    ("depthwise 3x3 P4", 128, 128, 3, 1, 128, False, 16),
     ("head 1x1+bias", 80, 80, 1, 1, 1, True, 8),
 )
 

@@ -253,7 +253,7 @@ def test_whole_yolo_model_forward_backward_matches(yolo_model):
         x = torch.randn(2, 3, 64, 64, dtype=dtype)
         ref_out, ref_grads = _model_pass(model, x)
         ref_g = torch.cat([g.flatten() for g in ref_grads])
-        for strategy in PER_OP[1:]:  # (miopen-off runs native's kernels on the CPU: its own test is below)
+        for strategy in PER_OP[1:]:  # miopen-off runs native's kernels on the CPU: it has its own dispatch test
             install(strategy)
             out, grads = _model_pass(model, x)
             assert len(grads) == len(ref_grads)
