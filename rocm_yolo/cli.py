@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from rocm_yolo import __version__, errors
-from rocm_yolo.launch import CONV_STRATEGIES
+from rocm_yolo.conv_strategies import CHOICES as CONV_STRATEGIES
 from rocm_yolo.errors import UsageError
 from rocm_yolo.profiles import DEFAULT_LADDER, PROFILES, parse_ladder
 
@@ -50,7 +50,8 @@ def _add_train(sub) -> None:
     p.add_argument("--resume", nargs="?", const=True, metavar="LAST_PT",
                    help="continue a run from its last.pt (default: the newest under the project)")
     p.add_argument("--conv", choices=CONV_STRATEGIES,
-                   help="Conv2d strategy for GPUs whose MIOpen convolutions fail (default: auto)")
+                   help="Conv2d strategy for GPUs whose MIOpen convolutions fail; miopen-off turns MIOpen off "
+                        "for the whole process (default: auto: the fastest that passes a self-test)")
     w = p.add_argument_group("watchdog")
     w.add_argument("--no-watchdog", action="store_true", help="no stall detection and no automatic restarts")
     w.add_argument("--stall-timeout", type=float, default=180.0, metavar="SECONDS",

@@ -534,28 +534,41 @@ def check_conv(opts: Options, gpus: list | None, kind: str) -> Iterator[Row]:
                   "no GPU: skipped (strategies only differ on a GPU)" if not gpus else "torch is not a ROCm build: skipped")
         return
     try:
-        from rocm_yolo.convtest import run_selftest
+        from rocm_yolo import convtest, rocm
     except ImportError as e:
         yield Row("conv.selftest", "conv self-test", WARN, f"conv self-test unavailable ({e})", "reinstall rocm-yolo")
         return
+    # Test what training would run: the architecture's presets (amp, MIOpen variables) where the user set nothing.
+    arch = gpus[0].arch
+    presets = rocm.presets(arch, {}, os.environ)
+    amp = not any(p.key == "amp" for p in presets)
+    env = dict(os.environ, **{p.key: str(p.value) for p in presets if p.kind == "env" and not p.user_set})
     try:
-        results = run_selftest("cuda", timeout=max(opts.timeout, 60))
+        results = convtest.run_selftest("cuda", timeout=max(opts.timeout, 300), amp=amp, env=env)
     except Exception as e:  # noqa: BLE001
         yield Row("conv.selftest", "conv self-test", WARN, f"conv self-test failed to run: {type(e).__name__}: {e}")
         return
-    good = [s for s, r in results.items() if r.get("ok")]
-    details = [f"{s}: {'ok' if r.get('ok') else 'failed'}"
-               + (f", max err {r['max_err']:.2g}" if isinstance(r.get("max_err"), float) and r["max_err"] == r["max_err"] else "")
-               + (f" ({r['error']})" if r.get("error") else "") for s, r in results.items()]
-    data = {"results": results}
-    if not good:
+    chosen = convtest.choose(results)
+    details = [f"{s}: " + (f"ok, {r['time_s'] * 1e3:.1f} ms per step, max err {r['max_err']:.2g}" if r.get("ok")
+                           else f"failed ({r.get('error')})") for s, r in results.items()]
+    path = convtest.default_cache_dir() / convtest.CACHE_FILE
+    entry = convtest.cached_entry(path, convtest.cache_key(arch, rocm.torch_build(), amp))
+    if entry is not None:
+        details.append(f"training uses the choice cached in {path}: {entry['strategy']} "
+                       f"({convtest.timings_text(entry['results'], entry['strategy'])}); delete the file to test again")
+    data = {"results": results, "auto": chosen, "amp": amp}
+    if chosen is None:
         yield Row("conv.selftest", "conv self-test", FAIL, "no convolution strategy works on this GPU",
                   "check the torch code and HSA override rows; train on the CPU meanwhile (device=cpu)", details, data)
-    elif results.get("native", {}).get("ok"):
-        yield Row("conv.selftest", "conv self-test", OK, f"native convolutions work ({', '.join(good)} pass)", details, data)
+        return
+    timings = convtest.timings_text(results, chosen)
+    if results.get("native", {}).get("ok"):
+        yield Row("conv.selftest", "conv self-test", OK,
+                  f"native convolutions work; auto picks {chosen} ({timings})", None, details, data)
     else:
-        yield Row("conv.selftest", "conv self-test", WARN, f"native (MIOpen) convolutions fail; {good[0]} works",
-                  f"train with --conv auto (or --conv {good[0]})", details, data)
+        yield Row("conv.selftest", "conv self-test", WARN,
+                  f"native (MIOpen) convolutions fail; auto picks {chosen} ({timings})",
+                  f"train with --conv auto (or --conv {chosen})", details, data)
 
 
 # ---------------------------------------------------------------------------------------

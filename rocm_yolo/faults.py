@@ -12,7 +12,12 @@ Training faults, ``WHERE`` = ``EPOCH:BATCH`` (1-based; fired after that training
   ``bug@setup`` raises it before training starts.
 
 Conv self-test faults, ``WHERE`` = a strategy name: ``conv-raise`` imitates a HIP error,
-``conv-abort`` a GPU memory access fault (SIGABRT), ``conv-hang`` a stuck kernel.
+``conv-abort`` a GPU memory access fault (SIGABRT), ``conv-hang`` a stuck kernel (all three
+as the strategy starts); ``conv-slow`` makes every convolution of the strategy really
+slower (it spins for ``SLOW_CONV_SECONDS`` of CPU time), so the self-test's timed run
+measures it; ``conv-half-inference`` makes its half-precision convolutions outside
+autograd raise, as MIOpen's "No invoker was registered for convolution forward" did in
+YOLOv8's validation (ROCm/MIOpen#3077): training passes, validation fails.
 
 A training fault fires once per run directory (a marker file records it), so the run that
 the watchdog restarts is healthy. Nothing here is active unless the variable is set.
@@ -31,7 +36,9 @@ from rocm_yolo.paths import RunPaths
 
 ENV = "ROCM_YOLO_FAULT"
 TRAINING = ("worker-hang", "main-hang", "crash", "bug")
-CONV = ("conv-raise", "conv-abort", "conv-hang")
+CONV_AT_START = ("conv-raise", "conv-abort", "conv-hang")
+CONV = CONV_AT_START + ("conv-slow", "conv-half-inference")
+SLOW_CONV_SECONDS = 0.02  # what conv-slow adds to every convolution
 KINDS = TRAINING + CONV
 
 
@@ -95,7 +102,7 @@ def raise_bug(where: str) -> None:
 
 def conv_fault(strategy: str, env: Mapping[str, str] = os.environ) -> None:
     """In the conv self-test child: imitate a GPU failure of ``strategy`` if one is requested."""
-    fault = next((f for f in active(env) if f.kind in CONV and f.where == strategy), None)
+    fault = next((f for f in active(env) if f.kind in CONV_AT_START and f.where == strategy), None)
     if fault is None:
         return
     if fault.kind == "conv-raise":
@@ -106,6 +113,21 @@ def conv_fault(strategy: str, env: Mapping[str, str] = os.environ) -> None:
         os.abort()
     while True:  # conv-hang
         time.sleep(1)
+
+
+def conv_slowdown(strategy: str, env: Mapping[str, str] = os.environ) -> float:
+    """Seconds ``conv-slow`` adds to each convolution of ``strategy`` (0.0 when not requested)."""
+    return SLOW_CONV_SECONDS if any(f.kind == "conv-slow" and f.where == strategy for f in active(env)) else 0.0
+
+
+def conv_half_inference_fails(strategy: str, env: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``conv-half-inference`` asks half-precision inference of ``strategy`` to fail."""
+    return any(f.kind == "conv-half-inference" and f.where == strategy for f in active(env))
+
+
+def half_inference_error() -> RuntimeError:
+    return RuntimeError("miopenStatusUnknownError: No invoker was registered for convolution forward. "
+                        f"Was find executed? (injected by {ENV})")
 
 
 # --------------------------------------------------------------------------- training

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from rocm_yolo import checkpoints, ownership, ucfg
+from rocm_yolo.conv_strategies import CHOICES as CONV_STRATEGIES
 from rocm_yolo.errors import UsageError
 from rocm_yolo.paths import RunPaths
 from rocm_yolo.profiles import DEFAULT_LADDER, DEFAULT_PROFILE, LOADER_KEYS, resolve
@@ -20,7 +21,6 @@ from rocm_yolo.spec import RunSpec, latest_spec
 from rocm_yolo.supervisor import RunResult, State, Supervisor, WatchdogConfig
 from rocm_yolo.tasks import CLASSIFY, task_for_model
 
-CONV_STRATEGIES = ("auto", "native", "aten", "fp32", "gemm")
 # Flags that are also Ultralytics train arguments (KEY=VALUE may not set them a second time).
 FLAG_KEYS = ("model", "workers", "epochs", "imgsz", "batch", "device", "project", "name")
 NOT_KEYS = {"mode": "rocm-yolo always trains", "task": "the task follows the model", "resume": "use --resume [LAST_PT]"}
