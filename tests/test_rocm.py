@@ -96,7 +96,8 @@ def test_torch_build_reads_versions_without_import():
     import torch
 
     build = rocm.torch_build()
-    assert build == {"torch": torch.__version__, "cuda": torch.version.cuda, "hip": torch.version.hip}
+    assert build == {"torch": torch.__version__, "cuda": torch.version.cuda, "hip": torch.version.hip,
+                     "path": str(Path(torch.__file__).parent)}
 
 
 def test_torch_view_is_safe_on_cpu():
