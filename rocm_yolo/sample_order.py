@@ -23,6 +23,7 @@ starts a new pass.
 from __future__ import annotations
 
 import itertools
+import weakref
 from typing import Callable
 
 import torch
@@ -31,14 +32,13 @@ import torch
 class PassSampler:
     """Stands in for a ``BatchSampler``'s sampler: one ``__iter__`` is one pass."""
 
-    def __init__(self, inner, keep: int = 4):
+    def __init__(self, inner):
         self.inner = inner
         self.generator = getattr(inner, "generator", None)
         if not isinstance(self.generator, torch.Generator):
             self.generator = None
         self.started = 0  # passes started so far
-        self.states: dict[int, torch.Tensor | None] = {}  # generator state at the start of recent passes
-        self.keep = keep
+        self.states: dict[int, torch.Tensor | None] = {}  # generator state at the start of each pass not forgotten
         self._resume: tuple | None = None
 
     def __len__(self) -> int:
@@ -60,8 +60,6 @@ class PassSampler:
         number = self.started
         self.started += 1
         self.states[number] = self.generator.get_state() if self.generator is not None else None
-        for old in [k for k in self.states if k < number - self.keep]:
-            del self.states[old]
         indices = iter(self.inner)
         if skip:
             indices = itertools.islice(indices, skip, None)
@@ -69,6 +67,10 @@ class PassSampler:
 
     def state_of(self, number: int) -> torch.Tensor | None:
         return self.states.get(number)
+
+    def forget_before(self, number: int) -> None:
+        for old in [k for k in self.states if k < number]:
+            del self.states[old]
 
 
 def install(loader) -> PassSampler | None:
@@ -111,9 +113,10 @@ class PassTracker:
 
     def first_batch(self, iterator) -> int:
         """Call at the first batch of an epoch, with the loader's iterator; the epoch's pass number."""
-        if iterator is not self.iterator or self.current is None:
+        if self.iterator is None or iterator is not self.iterator() or self.current is None:
             self.current = self.mark
-            self.iterator = iterator
+            self.iterator = weakref.ref(iterator) if iterator is not None else None
         else:
             self.current += 1
+        self.sampler.forget_before(self.current)
         return self.current
