@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import shlex
 import statistics
 import sys
@@ -177,6 +176,24 @@ def stall_row(model_yaml: str, root: Path, repeats: int) -> dict:
             "stall": statistics.median(snaps[1:]), "write": statistics.median(writes)}
 
 
+def per_batch_cost(calls: int) -> float:
+    """Seconds per batch of the callbacks when no checkpoint is due (the interval check)."""
+    from rocm_yolo.checkpoints import parse_interval
+    from rocm_yolo.log import RunLog
+    from rocm_yolo.midepoch import MidEpochCheckpoints
+    from rocm_yolo.paths import RunPaths
+
+    with tempfile.TemporaryDirectory(prefix="bench-mid-") as tmp:
+        mid = MidEpochCheckpoints(RunPaths(tmp), RunLog(), parse_interval("10m"))
+        trainer = SimpleNamespace(train_loader=_Loader(10 * calls), stop=False)
+        mid.on_train_start(trainer)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            mid.on_train_batch_start(trainer)
+            mid.on_train_batch_end(trainer)
+        return (time.perf_counter() - t0) / calls
+
+
 def stall_table(rows: list[dict], repeats: int) -> list[str]:
     lines = [f"(b) the snapshot on the training thread and the background write, without training "
              f"(AdamW state and pending gradients), median of {repeats}", "",
@@ -267,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  yolo26{size}: stall {found[-1]['stall']:.3f} s, write {found[-1]['write']:.2f} s",
                               flush=True)
                 out += stall_table(found, a.repeats)
+                per_batch = per_batch_cost(200_000)
+                out += [f"Per batch when no checkpoint is due (`on_train_batch_start` + `on_train_batch_end`, "
+                        f"200,000 calls): {per_batch * 1e6:.2f} µs.", ""]
             if not a.skip_hang:
                 data = write_demo(root / "hang-data", train=a.hang_train, val=4, size=64)
                 hangs = {i: [hang_round(a, data, root, i, rnd) for rnd in range(1, a.hang_rounds + 1)]

@@ -14,12 +14,11 @@ lower bound); ``pyproject.toml`` declares the same range.
 
 from __future__ import annotations
 
+import ctypes
 import inspect
+import sys
 from dataclasses import dataclass
 from typing import Callable
-
-import ctypes
-import sys
 
 from rocm_yolo.errors import SetupError
 

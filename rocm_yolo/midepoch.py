@@ -231,7 +231,8 @@ class MidEpochCheckpoints:
 
     def _restore_weights(self, trainer, ckpt: dict, state: dict) -> None:
         _unwrap(trainer.model).load_state_dict(state["model"])  # resume rebuilt the model from the EMA
-        trainer.stopper.__dict__.update(state["stopper"])
+        # its state, not its settings: Ultralytics lets a resume change patience
+        trainer.stopper.__dict__.update({k: v for k, v in state["stopper"].items() if k != "patience"})
         metrics = dict(ckpt.get("train_metrics") or {})
         trainer.fitness = metrics.pop("fitness", None)
         if metrics and trainer.metrics is not None:
