@@ -9,7 +9,12 @@ Training faults, ``WHERE`` = ``EPOCH:BATCH`` (1-based; fired after that training
 - ``main-hang``: the trainer's main thread blocks forever;
 - ``crash``: the trainer raises ``RuntimeError`` (a training error: restarted);
 - ``bug``: the trainer raises ``KeyError`` from rocm-yolo's own code (an internal error);
-  ``bug@setup`` raises it before training starts.
+  ``bug@setup`` raises it before training starts;
+- ``save-kill``: the trainer kills itself with SIGKILL halfway through writing the first
+  mid-epoch checkpoint at or after that batch (a temporary file is left, half written).
+
+``ROCM_YOLO_RECORD_BATCHES=FILE`` (tests only) appends one JSON line per training batch to
+``FILE``: attempt, epoch, batch index and the batch's image files, in the order trained.
 
 Conv self-test faults, ``WHERE`` = a strategy name: ``conv-raise`` imitates a HIP error,
 ``conv-abort`` a GPU memory access fault (SIGABRT), ``conv-hang`` a stuck kernel (all three
@@ -35,7 +40,8 @@ from typing import Mapping
 from rocm_yolo.paths import RunPaths
 
 ENV = "ROCM_YOLO_FAULT"
-TRAINING = ("worker-hang", "main-hang", "crash", "bug")
+RECORD_ENV = "ROCM_YOLO_RECORD_BATCHES"  # tests: where to record the samples of every training batch
+TRAINING = ("worker-hang", "main-hang", "crash", "bug", "save-kill")
 CONV_AT_START = ("conv-raise", "conv-abort", "conv-hang")
 CONV = CONV_AT_START + ("conv-slow", "conv-half-inference")
 SLOW_CONV_SECONDS = 0.02  # what conv-slow adds to every convolution
@@ -82,6 +88,15 @@ def active(env: Mapping[str, str] = os.environ) -> list[Fault]:
 
 def find(kind: str, env: Mapping[str, str] = os.environ) -> Fault | None:
     return next((f for f in active(env) if f.kind == kind), None)
+
+
+def claim(fault: Fault, paths: RunPaths) -> bool:
+    """True the first time ``fault`` fires in this run directory (a marker file records it)."""
+    marker = paths.fault_fired(fault.kind)
+    if marker.exists():
+        return False
+    marker.write_text(f"{fault.kind} at epoch {fault.epoch} batch {fault.batch}\n")
+    return True
 
 
 def block_forever() -> None:
@@ -154,17 +169,13 @@ class Injector:
     """Trainer side: Ultralytics callbacks that fire the training faults, each once per run."""
 
     def __init__(self, faults: list[Fault], paths: RunPaths):
-        self.faults = [f for f in faults if f.kind in TRAINING]
+        self.faults = [f for f in faults if f.kind in TRAINING and f.kind != "save-kill"]  # that one: midepoch
         self.paths = paths
         self.batch = 0
         paths.fault_trigger.unlink(missing_ok=True)  # a restarted run starts with healthy workers
 
     def _claim(self, fault: Fault) -> bool:
-        marker = self.paths.fault_fired(fault.kind)
-        if marker.exists():
-            return False
-        marker.write_text(f"{fault.kind} at epoch {fault.epoch} batch {fault.batch}\n")
-        return True
+        return claim(fault, self.paths)
 
     def on_pretrain_routine_start(self, trainer) -> None:
         for f in self.faults:
@@ -173,6 +184,10 @@ class Injector:
 
     def on_train_epoch_start(self, trainer) -> None:
         self.batch = 0
+
+    def resumed_at(self, batch: int) -> None:
+        """The epoch continues after ``batch`` batches trained before a restart (a mid-epoch checkpoint)."""
+        self.batch = batch
 
     def on_train_batch_end(self, trainer) -> None:
         self.batch += 1

@@ -125,6 +125,16 @@ def _find_resume(resume: str | bool, project: Path) -> Path:
     return last
 
 
+def _resume_checkpoint(resume: str | bool, last: Path) -> tuple[Path, str | None]:
+    """The checkpoint a resume starts from: a mid-epoch checkpoint named by the user, else the run's newest valid one."""
+    if not isinstance(resume, bool) and resume != "" and checkpoints.is_mid_checkpoint(last):
+        reason = checkpoints.verify(last)
+        if reason is not None:
+            raise UsageError(f"checkpoint {last} is unusable ({reason}): resume with --resume {last.with_name('last.pt')}")
+        return last, None
+    return checkpoints.choose_resume_point(last.with_name("last.pt"))
+
+
 def _check_device(device: object) -> None:
     """One GPU per run: Ultralytics' multi-GPU (DDP) ranks run without rocm-yolo's callbacks."""
     text = str(device if device is not None else "").strip().strip("[]()")
@@ -159,10 +169,12 @@ def make_spec(
     name: str | None = None,
     resume: str | bool | None = None,
     conv: str | None = None,
+    checkpoint_every: object | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> RunSpec:
     """Validate everything the user gave and return the spec of the first attempt."""
     extra = dict(extra or {})
+    interval = checkpoints.parse_interval(checkpoint_every) if checkpoint_every is not None else None
     for key, why in NOT_KEYS.items():
         if key in extra:
             raise UsageError(f"'{key}=' is not accepted here: {why}")
@@ -223,6 +235,8 @@ def make_spec(
         if conv is None and previous is not None and "conv" in previous.user_keys:
             conv = previous.conv
             user_keys.add("conv")
+        if interval is None and previous is not None:
+            interval = checkpoints.parse_interval(previous.checkpoint_every)
         if data:
             data_path, data_notes = _resolve_data(data, task_for_model(last))
         else:
@@ -251,7 +265,7 @@ def make_spec(
     if resuming:
         ownership.acquire(run_dir)  # refuses a live run before anything in it is touched
         try:
-            ckpt, note = checkpoints.choose_resume(last)
+            ckpt, note = _resume_checkpoint(resume, last)
         except BaseException:
             ownership.release(run_dir)
             raise
@@ -273,6 +287,7 @@ def make_spec(
         env=resolved.env,
         resume=str(ckpt) if ckpt else None,
         conv=conv or "auto",
+        checkpoint_every=(interval or checkpoints.parse_interval(checkpoints.DEFAULT_INTERVAL)).text,
         attempt=(previous.attempt + 1) if previous else 1,
         notes=tuple(notes),
     )
@@ -321,18 +336,21 @@ def train(
     fallback: tuple[str, ...] | str = DEFAULT_LADDER,
     conv: str | None = None,
     resume: str | bool | None = None,
+    checkpoint_every: str | int | None = None,
     **kwargs: Any,
 ) -> RunResult:
     """Train like ``rocm-yolo train``: the same validation, child process and supervisor.
 
     ``kwargs`` are the other flags (model, epochs, imgsz, batch, device, project, name) and any
-    Ultralytics train argument. Raises :class:`UsageError` for bad input; returns a
-    :class:`RunResult` whose ``exit_code`` matches the CLI's.
+    Ultralytics train argument. ``checkpoint_every`` takes what ``--checkpoint-every`` takes
+    ("10m", "30s", "1h", "500ba", or 0 for off; default "10m", on resume the run's own). Raises
+    :class:`UsageError` for bad input; returns a :class:`RunResult` whose ``exit_code`` matches the CLI's.
     """
     from rocm_yolo.profiles import parse_ladder
 
     flags = {k: kwargs.pop(k, None) for k in FLAG_KEYS if k not in ("workers",)}
-    spec = make_spec(data, workers=workers, profile=profile, resume=resume, conv=conv, extra=kwargs, **flags)
+    spec = make_spec(data, workers=workers, profile=profile, resume=resume, conv=conv,
+                     checkpoint_every=checkpoint_every, extra=kwargs, **flags)
     ladder = parse_ladder(fallback) if isinstance(fallback, str) else tuple(fallback)
     config = WatchdogConfig(enabled=watchdog, max_restarts=max_restarts, ladder=ladder,
                             **{k: v for k, v in (("stall_timeout", stall_timeout), ("startup_grace", startup_grace))
