@@ -1,172 +1,147 @@
-"""Loading speed of Ultralytics' training loader: loader threads vs worker processes vs the main process.
+"""DataLoader start-up: time to the first batch against the worker count, per start method.
 
-Each measurement runs in a fresh process (``--one``, JSON in, one JSON line out) on a real-photo
-data set (see ``_photos.py``), with Ultralytics' own ``build_yolo_dataset`` + ``build_dataloader``
-(augmentations on: mosaic, affine, HSV, flips) at ``--imgsz``, through rocm-yolo's DataLoader
-patch with the settings of the profile it stands for:
+Each measurement runs in a fresh process shaped like rocm-yolo's training child: the
+default start method is set to spawn before torch is imported; for ``forkserver`` the
+preloaded fork server (rocm_yolo.forkserver) is started right then, as the child does;
+then torch and Ultralytics are imported and Ultralytics' own training dataset (mosaic and
+the other augmentations) and ``build_dataloader`` are built, with rocm-yolo's DataLoader
+patch installed. The clock for "first batch" starts at ``iter(loader)``; "from start" is
+from the process start, and shows what the set-up before the loader hides.
 
-- ``main``: ``workers=0``, no patch: one ``__getitem__`` after the other in the main thread (what
-  ``--profile single`` and plain ``workers=0`` do);
-- ``threads N``: ``--profile threads threads=N``: N loader threads inside this process;
-- ``processes N``: ``--profile fast --workers N`` (its start method, or ``--start-method``).
+``fork`` is what plain Ultralytics does (workers forked from the trainer, which has torch
+imported); ``spawn`` is rocm-yolo 0.1; ``forkserver`` is rocm-yolo now.
 
-Reported per setting: the time to the first batch (thread or worker start-up included), then
-images/s over the next ``--batches`` batches while the consumer does nothing else (pure loading:
-in training the trainer's own work shares the CPU). Not a test: run it by hand on a quiet machine.
+    python benchmarks/bench_loader.py                               # 1/2/4 workers x 3 methods, 3 rounds
+    python benchmarks/bench_loader.py --workers 1,2,4,8 --rounds 5 --images 200 --imgsz 640 --real
 
-    python benchmarks/bench_loader.py                                # threads 1 2 4 vs processes 1 2 4
-    python benchmarks/bench_loader.py --threads 2 4 8 16 --processes 8 --images 1000 --batch 32 --batches 20
+Images/s of loader threads (the ``threads`` profile) against worker processes and the main
+thread: ``bench_threads.py``. Not a test: run it by hand on a quiet machine and paste the
+table into the README.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import interrupted, machine_line, stop_on_signals, work_dir  # noqa: E402
+
+METHODS = ("fork", "spawn", "forkserver")
 
 
-# one measurement, in a fresh process -------------------------------------------------------------
-def measure_loading(spec: dict) -> dict:
-    """Time to the first batch and images/s after it, for one loader setting (runs in this process)."""
-    from rocm_yolo.patches import dataloader as patch
-    from rocm_yolo.profiles import resolve
+def write_data(root: Path, images: int, real: bool) -> Path:
+    """A detection set: real photos (``_photos.py``: 640x480 JPEGs, random boxes) with
+    ``--real``, else rocm-yolo's synthetic demo shapes."""
+    if real:
+        from _photos import write_photo_set
 
-    kind, n = spec["kind"], spec["n"]
-    if kind == "threads":
-        patch.install(resolve("threads", None, {"threads": n}).loader)
-    elif kind == "processes":
-        overrides = {"start_method": spec["start_method"]} if spec.get("start_method") else {}
-        patch.install(resolve("fast", n, overrides).loader)
-    from ultralytics.cfg import get_cfg
-    from ultralytics.data.build import build_dataloader, build_yolo_dataset
-    from ultralytics.data.utils import check_det_dataset
-    from ultralytics.utils.torch_utils import init_seeds
+        return write_photo_set(root / "photos", train=images, val=8)
+    from rocm_yolo.demo import write_demo
 
-    init_seeds(0)
-    data = check_det_dataset(spec["data"])
-    dataset = build_yolo_dataset(get_cfg(overrides={"imgsz": spec["imgsz"]}), data["train"], spec["batch"], data,
-                                 mode="train")
-    loader = build_dataloader(dataset, spec["batch"], n if kind == "processes" else 0, shuffle=True)
-
-    def batches():
-        while True:
-            yield from loader
-
-    t0 = time.perf_counter()
-    it = batches()
-    next(it)
-    first = time.perf_counter() - t0
-    images, t1 = 0, time.perf_counter()
-    for _ in range(spec["batches"]):
-        images += len(next(it)["im_file"])
-    seconds = time.perf_counter() - t1
-    applied = patch.built_loaders()[-1] if patch.installed() else {"workers": 0, "threads": 0}
-    result = {"first_batch_s": first, "images_per_s": images / seconds, "images": images,
-              "workers": applied.get("workers", 0), "threads": applied.get("threads", 0)}
-    print("RESULT " + json.dumps(result), flush=True)  # before close(): a worker may abort while shutting down
-    loader.close()
-    return result
+    return write_demo(root / "synthetic", train=images, val=8, size=640)
 
 
-def run_one(spec: dict, timeout: float) -> dict:
-    """``measure_loading`` in a fresh interpreter (no warm imports, no leftover threads or workers)."""
-    from _common import run_logged
-
-    log = Path(spec["log"])
-    code = run_logged([sys.executable, __file__, "--one", json.dumps(spec)], log.parent, log, timeout)
-    text = log.read_text(errors="replace")
-    lines = [x for x in text.splitlines() if x.startswith("RESULT ")]
-    if not lines:
-        raise SystemExit(f"measurement {spec['kind']} {spec['n']} exited with {code}; log {log}:\n{text[-2000:]}")
-    result = json.loads(lines[-1][len("RESULT "):])
-    if code != 0:  # measured, then failed while closing the loader: keep the figure, say so
-        result["exit_after"] = code
-        print(f"  note: {spec['kind']} {spec['n']} exited with {code} after measuring (closing the loader); "
-              f"log {log}", flush=True)
-    return result
-
-
-# threads vs processes ----------------------------------------------------------------------------
-def threads_vs_processes(a, data: Path, root: Path) -> list[str]:
-    """Images/s of the main thread, of N loader threads and of N worker processes; markdown lines."""
-    settings = [("main", 0)] + [("threads", n) for n in a.threads] + [("processes", n) for n in a.processes]
-    results: dict[tuple, list[dict]] = {s: [] for s in settings}
-    for rnd in range(1, a.rounds + 1):
-        for kind, n in settings:
-            spec = {"kind": kind, "n": n, "data": str(data), "imgsz": a.imgsz, "batch": a.batch,
-                    "batches": a.batches, "start_method": a.start_method, "log": str(root / f"{kind}-{n}-r{rnd}.log")}
-            r = run_one(spec, a.timeout)
-            results[(kind, n)].append(r)
-            print(f"  round {rnd} {kind:9s} {n:2d}: first batch {r['first_batch_s']:6.2f} s, "
-                  f"{r['images_per_s']:7.1f} images/s", flush=True)
-    base = statistics.median(r["images_per_s"] for r in results[("main", 0)])
-    method = a.start_method or "the fast profile's"
-    lines = ["| loader | first batch (s) | images/s | vs main thread |", "| --- | --- | --- | --- |"]
-    for (kind, n), runs in results.items():
-        label = {"main": "main thread (`single`, `workers=0`)", "threads": f"{n} loader thread(s) (`threads`)",
-                 "processes": f"{n} worker process(es) (`fast`, {method} start)"}[kind]
-        rate = [r["images_per_s"] for r in runs]
-        first = [r["first_batch_s"] for r in runs]
-        lines.append(f"| {label} | {_spread(first)} | {_spread(rate, '{:.1f}')} | "
-                     f"{statistics.median(rate) / base:.2f}x |")
-    return lines
+CHILD = r"""
+import json, sys, time
+t0 = time.monotonic()
+import multiprocessing
+multiprocessing.set_start_method("spawn", force=True)  # as rocm-yolo's training child, before torch
+args = json.loads(sys.argv[1])
+if args["method"] == "forkserver":
+    from rocm_yolo import forkserver
+    forkserver.start(args["run_dir"])
+import torch
+from ultralytics.cfg import get_cfg
+from ultralytics.data.build import build_dataloader, build_yolo_dataset
+from ultralytics.data.utils import check_det_dataset
+from rocm_yolo.patches import dataloader as patch
+from rocm_yolo.profiles import resolve
+settings = resolve("fast", args["workers"], {"start_method": args["method"]}, cpu_count=64).loader
+patch.install(settings, args["run_dir"])
+data = check_det_dataset(args["data"])
+cfg = get_cfg(overrides={"imgsz": args["imgsz"], "task": "detect"})
+dataset = build_yolo_dataset(cfg, data["train"], args["batch"], data, mode="train", stride=32)
+loader = build_dataloader(dataset, args["batch"], args["workers"], shuffle=True, rank=-1)
+def forever():
+    while True:
+        yield from loader  # InfiniteDataLoader: one epoch per iter(), the same workers
+t1 = time.monotonic()
+it = forever()
+next(it)
+t2 = time.monotonic()
+n = 0
+for _ in range(args["batches"]):
+    n += next(it)["img"].shape[0]
+t3 = time.monotonic()
+print("RESULT " + json.dumps({"first_batch": t2 - t1, "from_start": t2 - t0, "setup": t1 - t0,
+                              "images_s": n / (t3 - t2) if t3 > t2 else None}), flush=True)
+loader.close()
+"""
 
 
-def _spread(xs: list[float], fmt: str = "{:.2f}") -> str:
-    if len(xs) == 1:
-        return fmt.format(xs[0])
-    return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
+def measure(a, data: Path, root: Path, method: str, workers: int) -> dict:
+    run_dir = root / f"run-{method}-{workers}"
+    args = {"method": method, "workers": workers, "data": str(data), "imgsz": a.imgsz, "batch": a.batch,
+            "batches": a.batches, "run_dir": str(run_dir)}
+    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True,
+                         timeout=a.timeout)
+    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        raise SystemExit(f"{method} x{workers} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(line[len("RESULT "):])
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--one", metavar="JSON", help=argparse.SUPPRESS)  # internal: one measurement in this process
-    p.add_argument("--threads", type=int, nargs="*", default=[1, 2, 4], help="loader thread counts (default: 1 2 4)")
-    p.add_argument("--processes", type=int, nargs="*", default=[1, 2, 4],
-                   help="worker process counts (default: 1 2 4)")
-    p.add_argument("--start-method", choices=("spawn", "forkserver", "fork"),
-                   help="start method of the worker processes (default: the fast profile's)")
-    p.add_argument("--images", type=int, default=128, help="train images in the photo set (default: 128)")
-    p.add_argument("--imgsz", type=int, default=640)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--batches", type=int, default=16, help="batches timed after the first (default: 16)")
-    p.add_argument("--rounds", type=int, default=1, help="repetitions of every setting, interleaved (default: 1)")
-    p.add_argument("--dir", type=Path, help="work directory, kept (default: a temporary one, removed)")
-    p.add_argument("--timeout", type=float, default=600, help="seconds before one measurement is killed")
-    a = p.parse_args(argv)
-    if a.one:
-        measure_loading(json.loads(a.one))
-        return 0
-    from _common import interrupted, machine_line, stop_on_signals, work_dir
-    from _photos import write_photo_set
-
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", default="1,2,4", help="worker counts (comma-separated)")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--images", type=int, default=128)
+    parser.add_argument("--imgsz", type=int, default=320)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--batches", type=int, default=4, help="batches after the first, for images/s")
+    parser.add_argument("--real", action="store_true", help="real photos (640x480 JPEGs) instead of synthetic shapes")
+    parser.add_argument("--keep", type=Path, help="keep the data and runs here")
+    parser.add_argument("--timeout", type=float, default=600)
+    a = parser.parse_args()
     stop_on_signals()
-    if min([a.batch, a.batches, a.images, a.rounds, *a.threads, *a.processes]) < 1:
-        p.error("every count must be >= 1")
+    counts = [int(x) for x in a.workers.split(",")]
+    methods = [m for m in a.methods.split(",") if m]
+    print(machine_line())
     try:
-        with work_dir(a.dir, "bench-loader-") as root:
-            data = write_photo_set(root / "photos", train=a.images, val=8)
-            print(f"work directory: {root}\n{machine_line()}", flush=True)
-            started = time.monotonic()
-            lines = threads_vs_processes(a, data, root)
-            command = " ".join(["python", f"benchmarks/{Path(__file__).name}", shlex.join(sys.argv[1:])]).strip()
-            print(f"\ntotal {time.monotonic() - started:.0f} s\n")
-            print(f"Command: `{command}`\n\nMachine: {machine_line()}\n\n"
-                  f"Settings: {a.images} real-photo 640x480 JPEGs, imgsz {a.imgsz}, batch {a.batch}, Ultralytics' "
-                  f"training augmentations; images/s over {a.batches} batches after the first, consumer idle; "
-                  f"{a.rounds} round(s), median (min-max)\n")
-            print("\n".join(lines))
-            return 0
+        with work_dir(a.keep, "bench-loader-") as root:
+            data = write_data(root, a.images, a.real)
+            results: dict = {}
+            for rnd in range(a.rounds):  # rounds interleave every setting: a slow phase hits all
+                for workers in counts:
+                    for method in methods:
+                        r = measure(a, data, root / f"r{rnd}", method, workers)
+                        results.setdefault((method, workers), []).append(r)
+                        print(f"  round {rnd + 1}: {method:<10} x{workers}: first batch {r['first_batch']:.2f} s "
+                              f"(from start {r['from_start']:.2f} s)", flush=True)
     except KeyboardInterrupt:
         return interrupted()
+    print(f"\n{a.images} {'real-photo' if a.real else 'synthetic'} images, imgsz {a.imgsz}, batch {a.batch}; "
+          f"median of {a.rounds} rounds; first batch from iter(loader) (from process start)")
+    header = "| workers | " + " | ".join(methods) + " |"
+    print(header + "\n|" + "---|" * (len(methods) + 1))
+    for workers in counts:
+        cells = []
+        for method in methods:
+            rs = results[(method, workers)]
+            cells.append(f"{statistics.median(r['first_batch'] for r in rs):.2f} s "
+                         f"({statistics.median(r['from_start'] for r in rs):.1f} s)")
+        print(f"| {workers} | " + " | ".join(cells) + " |")
+    for method in methods:
+        one = statistics.median(r["first_batch"] for r in results[(method, counts[0])])
+        most = statistics.median(r["first_batch"] for r in results[(method, counts[-1])])
+        print(f"{method}: {counts[-1]} workers / {counts[0]} worker first batch = {most / one:.2f}x")
+    return 0
 
 
 if __name__ == "__main__":

@@ -26,6 +26,16 @@ Strategies (``STRATEGIES``):
 * ``gemm``   - explicit ``unfold`` + ``matmul`` (only GEMM and im2col/col2im run), batch
   chunked so the unfolded buffer stays under ``ROCM_YOLO_GEMM_CHUNK_MB`` (default 128 MiB),
   in the backward too (the unfold is recomputed per chunk instead of being kept).
+* ``miopen-off`` - ``torch.backends.cudnn.enabled = False`` for the whole process, the
+  users' bluntest workaround: convolutions run torch's own path (as ``native``), and they
+  *and* BatchNorm leave MIOpen, because ATen picks MIOpen for both only while that global
+  flag is on (``at::convolution`` and ``convolution_backward`` build their parameters from
+  ``ctx.userEnabledCuDNN()``, ``_select_batch_norm_backend`` reads it too, and
+  ``F.batch_norm`` passes the flag along). Nothing is patched on ``nn.Conv2d``, so
+  nothing can reach a checkpoint either.
+
+The names come from :mod:`rocm_yolo.conv_strategies` (``PER_OP`` are the ones a
+:class:`PicklableConvForward` runs).
 """
 
 from __future__ import annotations
@@ -39,16 +49,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rocm_yolo.conv_strategies import MIOPEN_OFF, PER_OP, STRATEGIES
+
 __all__ = [
     "STRATEGIES",
+    "PER_OP",
     "PicklableConvForward",
     "install",
     "uninstall",
     "installed_strategy",
     "cudnn_disabled",
 ]
-
-STRATEGIES = ("native", "aten", "fp32", "gemm")
 
 #: torch's own ``Conv2d._conv_forward``, captured once at import (what ``native`` runs).
 _TORCH_CONV_FORWARD = nn.Conv2d.__dict__["_conv_forward"]
@@ -309,8 +320,9 @@ class PicklableConvForward:
     __slots__ = ("strategy", "_replaced")
 
     def __init__(self, strategy: str, _replaced=None):
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown conv strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        if strategy not in PER_OP:
+            extra = f" ({MIOPEN_OFF} is a process-wide switch: use install)" if strategy == MIOPEN_OFF else ""
+            raise ValueError(f"unknown conv strategy {strategy!r}; choose one of {', '.join(PER_OP)}{extra}")
         self.strategy = strategy
         self._replaced = _replaced if _replaced is not None else _TORCH_CONV_FORWARD
 
@@ -336,7 +348,7 @@ class PicklableConvForward:
 # --------------------------------------------------------------------------- install
 
 _lock = threading.Lock()
-_state: dict = {"strategy": None, "original": None}
+_state: dict = {"strategy": None, "original": None, "cudnn": None}
 
 
 def install(strategy: str) -> None:
@@ -344,7 +356,10 @@ def install(strategy: str) -> None:
 
     Idempotent: installing the same strategy again changes nothing; another strategy
     switches. ``native`` puts torch's own method back (zero overhead) but still counts as
-    installed. Subclasses that override ``_conv_forward`` themselves are not affected.
+    installed. ``miopen-off`` also puts torch's method back and sets
+    ``torch.backends.cudnn.enabled = False``; switching away from it (or ``uninstall``)
+    restores the flag it found. Subclasses that override ``_conv_forward`` themselves are
+    not affected.
     """
     if strategy not in STRATEGIES:
         hint = " (resolve 'auto' first with rocm_yolo.convtest.resolve_strategy)" if strategy == "auto" else ""
@@ -354,16 +369,28 @@ def install(strategy: str) -> None:
         if _state["strategy"] is None:
             _state["original"] = current
         original = _state["original"]
-        nn.Conv2d._conv_forward = original if strategy == "native" else PicklableConvForward(strategy, original)
+        nn.Conv2d._conv_forward = original if strategy in ("native", MIOPEN_OFF) else PicklableConvForward(strategy, original)
+        if strategy == MIOPEN_OFF and _state["cudnn"] is None:
+            _state["cudnn"] = torch.backends.cudnn.enabled
+            torch.backends.cudnn.enabled = False
+        elif strategy != MIOPEN_OFF:
+            _restore_cudnn()
         _state["strategy"] = strategy
 
 
+def _restore_cudnn() -> None:
+    if _state["cudnn"] is not None:
+        torch.backends.cudnn.enabled = _state["cudnn"]
+        _state["cudnn"] = None
+
+
 def uninstall() -> None:
-    """Put back exactly the ``_conv_forward`` that was there before ``install``; no-op if none."""
+    """Put back exactly the ``_conv_forward`` (and cuDNN flag) there was before ``install``; no-op if none."""
     with _lock:
         if _state["strategy"] is None:
             return
         nn.Conv2d._conv_forward = _state["original"]
+        _restore_cudnn()
         _state.update(strategy=None, original=None)
 
 

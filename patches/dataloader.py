@@ -115,7 +115,7 @@ def uninstall() -> None:
 def _threads(loader, s: LoaderSettings, role: str | None) -> None:
     """Mark a loader without workers to load in ``s.threads`` threads (``val_workers`` caps validation)."""
     n = min(s.threads, s.val_workers) if role == "val" and s.val_workers is not None else s.threads
-    plan = threads.attach(loader, n, s.prefetch_factor, s.timeout, role)
+    plan = threads.attach(loader, n, s.prefetch_factor, s.timeout, role, _run_dir)
     if plan is not None:
         _built[-1].update(threads=plan.threads, prefetch_factor=plan.prefetch, timeout=plan.timeout)
 
@@ -207,17 +207,21 @@ class WorkerInit:
         from rocm_yolo import faults
 
         info = torch.utils.data.get_worker_info()
-        faults.arm_worker(info.dataset if info else None)
+        faults.arm_worker(info.dataset if info else None, self.run_dir)
         if self.inner is not None:
             self.inner(worker_id)
 
     def _register(self, worker_id: int) -> None:
-        from rocm_yolo.proctree import die_with_parent
+        from rocm_yolo import proctree
 
-        # A worker stuck in native code dies with its trainer all the same; one that finishes
-        # starting after the trainer died goes at once (torch's own watchdog would then
-        # take the new parent, init, for the trainer and wait forever).
-        die_with_parent(self.trainer_pid)
+        # A worker stuck in native code dies with its parent all the same (the trainer, or the
+        # fork server, which dies with the trainer); one that finishes starting after the
+        # trainer died goes at once (torch's own watchdog would then take the new parent,
+        # init, for the trainer and wait forever).
+        parent = os.getppid()
+        proctree.die_with_parent(parent)
+        if parent != self.trainer_pid and not proctree.alive(self.trainer_pid):
+            os.kill(os.getpid(), 9)
         paths = RunPaths(self.run_dir)
         paths.stacks.mkdir(parents=True, exist_ok=True)
         pid = os.getpid()
@@ -226,7 +230,8 @@ class WorkerInit:
         info = torch.utils.data.get_worker_info()
         record = {
             "pid": pid,
-            "ppid": os.getppid(),
+            "ppid": parent,
+            "trainer": self.trainer_pid,
             "role": self.role,
             "worker_id": worker_id,
             "num_workers": info.num_workers if info else None,

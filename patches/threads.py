@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import os
 import queue
 import threading
 import time
@@ -88,6 +89,7 @@ class ThreadPlan:
     prefetch: int
     timeout: float
     role: str = "other"
+    run_dir: str | None = None  # the run whose worker-hang fault trigger the threads watch
 
 
 def available() -> bool:
@@ -130,7 +132,8 @@ def uninstall() -> None:
     thread_rng.uninstall()
 
 
-def attach(loader, threads: int, prefetch: int | None, timeout: float, role: str | None = None) -> ThreadPlan | None:
+def attach(loader, threads: int, prefetch: int | None, timeout: float, role: str | None = None,
+           run_dir: str | os.PathLike | None = None) -> ThreadPlan | None:
     """Mark ``loader`` (built with ``num_workers=0``) to load in up to ``threads`` threads.
 
     No more threads than batches in one pass (as Ultralytics caps its workers); a loader with
@@ -144,7 +147,8 @@ def attach(loader, threads: int, prefetch: int | None, timeout: float, role: str
     n = min(threads, batches)
     if batches <= 1 or n < 1 or loader.num_workers != 0 or isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return None
-    plan = ThreadPlan(threads=n, prefetch=max(1, prefetch or 2), timeout=float(timeout or 0), role=role or "other")
+    plan = ThreadPlan(threads=n, prefetch=max(1, prefetch or 2), timeout=float(timeout or 0), role=role or "other",
+                      run_dir=None if run_dir is None else str(run_dir))
     setattr(loader, ATTRIBUTE, plan)
     return plan
 
@@ -316,7 +320,7 @@ class ThreadedLoaderIter(_BaseDataLoaderIter if _BaseDataLoaderIter is not None 
         self._exhausted = False
         device_index = torch.accelerator.current_device_index() if self._pin_memory else None
         fetch_args = (self._auto_collation, self._collate_fn, self._drop_last)
-        hang = faults.worker_hang_check()
+        hang = faults.worker_hang_check(plan.run_dir)
         self._workers = [
             LoaderThread(i, thread_copy(self._dataset), fetch_args,
                          worker_seeds(self._base_seed, i, loader.worker_init_fn), self._pin_memory,

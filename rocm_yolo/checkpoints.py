@@ -5,17 +5,69 @@ truncated. A torch checkpoint is a zip archive whose central directory sits at t
 whose members carry CRCs, so :func:`verify` can tell a complete file from a truncated or
 damaged one by reading it once, with the standard library. After every save the training
 child keeps a verified copy, ``last_good.pt``, written atomically; resume falls back to it.
+
+Mid-epoch checkpoints (``weights/ep{E}-ba{B}.pt``, written by :mod:`rocm_yolo.midepoch`) are
+named by their position, so the newest one is known without opening it. The training child
+deletes those of an epoch once that epoch's ``last.pt`` is saved and verified, so a valid
+mid-epoch file is newer than ``last.pt``; :func:`choose_resume_point` only falls back on
+modification times when a kill interrupted that clean-up. This module also parses
+``--checkpoint-every`` (the CLI must not import torch).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from rocm_yolo.errors import UsageError
 from rocm_yolo.fsutil import copy_atomic
-from rocm_yolo.paths import GOOD_NAME
+from rocm_yolo.paths import GOOD_NAME, RunPaths
+
+MID_EPOCH_KEY = "rocm_yolo_mid_epoch"  # the checkpoint key that holds the position inside the epoch
+DEFAULT_INTERVAL = "10m"
+_INTERVAL = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|ba)$")
+_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+@dataclass(frozen=True)
+class CheckpointInterval:
+    """How often to write a mid-epoch checkpoint: every ``seconds`` or every ``batches``; neither: off."""
+
+    text: str
+    seconds: float | None = None
+    batches: int | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.seconds or self.batches)
+
+    def describe(self) -> str:
+        if self.batches:
+            return f"every {self.batches} batches"
+        if self.seconds:
+            return f"every {self.text}"
+        return "off"
+
+
+def parse_interval(value: object) -> CheckpointInterval:
+    """``--checkpoint-every``: ``Ns``, ``Nm``, ``Nh``, ``Nba`` (batches) or ``0`` (off).
+
+    Raises :class:`UsageError` with one line that says what is accepted.
+    """
+    text = str(value).strip().lower() if value is not None else ""
+    if text in ("0", "0.0", "off") or value == 0:
+        return CheckpointInterval("0")
+    m = _INTERVAL.match(text)
+    if m is None or float(m[1]) <= 0 or (m[2] == "ba" and not m[1].isdigit()):
+        raise UsageError(f"--checkpoint-every {value}: write a time (30s, 10m, 1.5h), a number of batches (500ba), "
+                         "or 0 to turn mid-epoch checkpoints off")
+    number, unit = m[1], m[2]
+    if unit == "ba":
+        return CheckpointInterval(text, batches=int(number))
+    return CheckpointInterval(text, seconds=float(number) * _SECONDS[unit])
 
 
 def verify(path: str | os.PathLike) -> str | None:
@@ -51,17 +103,24 @@ def keep_good_copy(last: str | os.PathLike) -> Path | None:
 
 
 def find_latest(project: str | os.PathLike) -> Path | None:
-    """The newest ``weights/last.pt`` under ``project`` (by modification time)."""
+    """The ``weights/last.pt`` of the run under ``project`` with the newest checkpoint (by modification time).
+
+    A run left with only its verified copy or only mid-epoch checkpoints (a hang in its first
+    epoch) counts: the path returned is then the ``last.pt`` it does not have yet.
+    """
     root = Path(project)
     if not root.is_dir():
         return None
-    found = [p for p in root.glob("**/weights/last.pt") if p.is_file()]
-    found += [
-        p.with_name("last.pt")
-        for p in root.glob(f"**/weights/{GOOD_NAME}")
-        if p.is_file() and not p.with_name("last.pt").exists()
-    ]
-    return max(found, key=lambda p: (p if p.exists() else p.with_name(GOOD_NAME)).stat().st_mtime, default=None)
+    newest: dict[Path, float] = {}
+    for pattern in ("last.pt", GOOD_NAME, "ep*-ba*.pt"):
+        for p in root.glob(f"**/weights/{pattern}"):
+            try:
+                mtime = p.stat().st_mtime
+            except OSError:
+                continue
+            last = p.with_name("last.pt")
+            newest[last] = max(newest.get(last, mtime), mtime)
+    return max(newest, key=newest.get, default=None)
 
 
 def choose_resume(last: str | os.PathLike) -> tuple[Path, str | None]:
@@ -85,3 +144,53 @@ def choose_resume(last: str | os.PathLike) -> tuple[Path, str | None]:
     if reason == "no such file":
         raise UsageError(f"checkpoint not found: {last}")
     raise UsageError(f"checkpoint {last} is unusable ({reason}) and no verified copy exists: start a new run")
+
+
+def newest_mid_checkpoint(paths: RunPaths) -> tuple[Path | None, list[str]]:
+    """The valid mid-epoch checkpoint of the furthest position, and a note for each damaged one skipped."""
+    notes = []
+    for epoch, batches, path in reversed(paths.mid_checkpoints()):
+        reason = verify(path)
+        if reason is None:
+            return path, notes
+        notes.append(f"skipped the mid-epoch checkpoint {path.name}: {reason}")
+    return None, notes
+
+
+def choose_resume_point(last: str | os.PathLike) -> tuple[Path, str | None]:
+    """The newest valid checkpoint of ``last``'s run, mid-epoch or end of epoch, and a note when it is
+    not ``last`` itself.
+
+    A valid mid-epoch checkpoint is newer than ``last.pt`` (the child deletes them once an epoch's
+    ``last.pt`` is verified), unless a kill interrupted that clean-up: then ``last.pt`` is the
+    newer file, which its modification time shows. Raises :class:`UsageError` when nothing is usable.
+    """
+    last = Path(last)
+    mid, notes = newest_mid_checkpoint(RunPaths(last.parent.parent))
+    if mid is not None:
+        end_is_newer = verify(last) is None and last.stat().st_mtime > mid.stat().st_mtime
+        if not end_is_newer:
+            notes.append(f"resuming from the mid-epoch checkpoint {mid.name}, the newest valid checkpoint of the run")
+            return mid, "; ".join(notes)
+    path, note = choose_resume(last)
+    notes += [note] if note else []
+    return path, "; ".join(notes) or None
+
+
+def is_mid_checkpoint(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    return any(found == p for _, _, found in RunPaths(p.parent.parent).mid_checkpoints())
+
+
+def remove_mid_checkpoints(paths: RunPaths, *, through_epoch: int | None = None,
+                           keep: Path | None = None) -> list[Path]:
+    """Delete mid-epoch checkpoints of epochs <= ``through_epoch`` (1-based; None: all), except ``keep``."""
+    removed = []
+    for epoch, _, path in paths.mid_checkpoints():
+        if (through_epoch is None or epoch <= through_epoch) and path != keep:
+            try:
+                path.unlink()
+                removed.append(path)
+            except FileNotFoundError:
+                continue
+    return removed

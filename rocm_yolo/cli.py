@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from rocm_yolo import __version__, errors
-from rocm_yolo.launch import CONV_STRATEGIES
+from rocm_yolo.conv_strategies import CHOICES as CONV_STRATEGIES
 from rocm_yolo.errors import UsageError
 from rocm_yolo.profiles import DEFAULT_LADDER, PROFILES, parse_ladder
 
@@ -36,7 +36,8 @@ def _add_train(sub) -> None:
         "loader settings too: persistent_workers=, prefetch_factor=, pin_memory=, timeout=, val_workers=, "
         "threads= (loader threads of --profile threads).",
     )
-    p.add_argument("data", nargs="?", metavar="DATA", help="dataset YAML, or 'demo' for the built-in demo set")
+    p.add_argument("data", nargs="?", metavar="DATA",
+                   help="dataset YAML (for a -cls model: a directory of class folders), or 'demo' for the built-in demo set")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Ultralytics train arguments")
     p.add_argument("--model", help="model .pt or .yaml (default: Ultralytics' yolo26n.pt; yolo26n.yaml for demo)")
     p.add_argument("--workers", metavar="N", help="DataLoader workers (default: the profile's)")
@@ -45,12 +46,16 @@ def _add_train(sub) -> None:
     p.add_argument("--imgsz", type=int, metavar="N")
     p.add_argument("--batch", type=float, metavar="N", help="batch size (-1 for AutoBatch)")
     p.add_argument("--device", metavar="D", help="cpu, 0, 0,1, ... (default: Ultralytics' choice)")
-    p.add_argument("--project", metavar="DIR", help="output directory (default: runs/detect)")
+    p.add_argument("--project", metavar="DIR", help="output directory (default: runs/TASK, e.g. runs/detect)")
     p.add_argument("--name", metavar="NAME", help="run name (default: train, train-2, ...)")
     p.add_argument("--resume", nargs="?", const=True, metavar="LAST_PT",
                    help="continue a run from its last.pt (default: the newest under the project)")
     p.add_argument("--conv", choices=CONV_STRATEGIES,
-                   help="Conv2d strategy for GPUs whose MIOpen convolutions fail (default: auto)")
+                   help="Conv2d strategy for GPUs whose MIOpen convolutions fail; miopen-off turns MIOpen off "
+                        "for the whole process (default: auto: the fastest that passes a self-test)")
+    p.add_argument("--checkpoint-every", metavar="INTERVAL",
+                   help="write a mid-epoch checkpoint this often: 30s, 10m, 1h, 500ba (batches), or 0 for never "
+                        "(default: 10m; on resume: the run's); a hang then costs at most that much work")
     w = p.add_argument_group("watchdog")
     w.add_argument("--no-watchdog", action="store_true", help="no stall detection and no automatic restarts")
     w.add_argument("--stall-timeout", type=float, default=180.0, metavar="SECONDS",
@@ -128,6 +133,7 @@ def cmd_train(args) -> int:
         name=args.name,
         resume=resume,
         conv=args.conv,
+        checkpoint_every=args.checkpoint_every,
         extra=launch.parse_key_values(overrides),
     )
     config = WatchdogConfig(
@@ -142,7 +148,9 @@ def cmd_train(args) -> int:
     paths = RunPaths(result.run_dir)
     if result.state == State.FINISHED:
         epochs = _count_epochs(paths.results)
-        extra = f", {result.restarts} restart(s), {result.lost_seconds:.0f} s lost to hangs" if result.restarts else ""
+        retrained = sum(r.get("retrained_batches") or 0 for r in result.recoveries)
+        extra = (f", {result.restarts} restart(s) ({retrained:,} batches trained again), "
+                 f"{result.lost_seconds:.0f} s lost to hangs" if result.restarts else "")
         print(f"rocm-yolo: done: {epochs} epoch{'s' if epochs != 1 else ''} in {time.time() - started:.1f} s{extra}; "
               f"weights: {paths.last} and {paths.best}", file=sys.stderr)
     elif result.state == State.FAILED:
@@ -163,8 +171,22 @@ def cmd_status(args) -> int:
     return status.main(args.run_dir, as_json=args.json)
 
 
+def _join_option_values(argv: list[str]) -> list[str]:
+    """``--checkpoint-every -1m`` -> ``--checkpoint-every=-1m``: argparse would take ``-1m`` for an option and
+    say only "expected one argument"; joined, the value reaches the check that says what is wrong."""
+    out, it = [], iter(argv)
+    for arg in it:
+        if arg == "--checkpoint-every":
+            value = next(it, None)
+            out.append(arg if value is None else f"{arg}={value}")
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = _join_option_values(sys.argv[1:] if argv is None else list(argv))
     args, extras = parser.parse_known_args(argv)
     # KEY=VALUE may come after options (argparse stops collecting positionals at the first option).
     stray = [x for x in extras if x.startswith("-") or "=" not in x or args.command != "train"]

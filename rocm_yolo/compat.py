@@ -14,7 +14,9 @@ lower bound); ``pyproject.toml`` declares the same range.
 
 from __future__ import annotations
 
+import ctypes
 import inspect
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,10 +24,11 @@ from rocm_yolo.errors import SetupError
 
 SUPPORTED_ULTRALYTICS = ">=8.4.0,<=8.4.190"
 
-# The callbacks rocm-yolo registers (heartbeat, hooks, fault injection).
+# The callbacks rocm-yolo registers (heartbeat, hooks, fault injection, mid-epoch checkpoints).
 CALLBACK_EVENTS = ("on_pretrain_routine_start", "on_pretrain_routine_end", "on_train_start", "on_train_epoch_start",
-                   "on_train_batch_start", "on_train_batch_end", "on_val_start", "on_val_batch_end", "on_model_save",
-                   "on_train_end")
+                   "on_train_batch_start", "on_train_batch_end", "on_train_epoch_end", "on_val_start",
+                   "on_val_batch_end", "on_model_save", "on_train_end")
+MID_EPOCH_FEATURE = "mid-epoch checkpoints (--checkpoint-every) and resuming inside an epoch"
 DATALOADER_ARGS = ("num_workers", "multiprocessing_context", "persistent_workers", "prefetch_factor", "pin_memory",
                    "timeout", "worker_init_fn")
 CHECKPOINT_KEYS = ("epoch", "ema", "optimizer", "train_args")
@@ -110,6 +113,28 @@ def _conv_forward() -> bool:
     return "_conv_forward" in nn.Conv2d.__dict__
 
 
+def _loop_locals() -> bool:
+    """``_do_train`` numbers batches with ``enumerate(self.train_loader)`` and keeps its position in locals."""
+    from rocm_yolo.patches import trainloop
+
+    code = _trainer()._do_train.__code__
+    names = set(code.co_varnames) | set(code.co_cellvars)
+    frame_writable = sys.version_info >= (3, 13) or hasattr(ctypes.pythonapi, "PyFrame_LocalsToFast")
+    return (frame_writable and all(n in names for n in trainloop.LOOP_LOCALS)
+            and "enumerate(self.train_loader)" in _source(_trainer()._do_train))
+
+
+def _resume_hook() -> bool:
+    setup = _source(_trainer()._setup_train)
+    return "self.resume_training(ckpt)" in setup and "start_epoch" in _source(_trainer().resume_training)
+
+
+def _sampler_chain() -> bool:
+    from ultralytics.data.build import _RepeatSampler, build_dataloader
+
+    return "self.sampler = sampler" in _source(_RepeatSampler) and "generator=generator" in _source(build_dataloader)
+
+
 def _cfg_key_sets() -> bool:
     import ultralytics.cfg as cfg
 
@@ -137,6 +162,11 @@ REQUIREMENTS = (
                 "stopping loader threads on close()/reset() (profile threads)", False, _close_stops_iterator_workers),
     Requirement("nn.Conv2d._conv_forward", "Conv2d strategies other than native (--conv aten/fp32/gemm)", False,
                 _conv_forward, owner="torch"),
+    Requirement("BaseTrainer._do_train locals i, ni, nb, epoch, last_opt_step and enumerate(self.train_loader)",
+                MID_EPOCH_FEATURE, False, _loop_locals),
+    Requirement("BaseTrainer._setup_train calling self.resume_training(ckpt)", MID_EPOCH_FEATURE, False, _resume_hook),
+    Requirement("_RepeatSampler(BatchSampler(sampler)) with a seeded generator in build_dataloader",
+                MID_EPOCH_FEATURE, False, _sampler_chain),
     Requirement("CFG_INT_KEYS/CFG_FLOAT_KEYS/CFG_FRACTION_KEYS/CFG_BOOL_KEYS in ultralytics.cfg",
                 "type checks of KEY=VALUE before start (Ultralytics still checks them in the child)", False,
                 _cfg_key_sets),
@@ -162,6 +192,11 @@ def missing() -> list[Requirement]:
         if not ok:
             out.append(req)
     return out
+
+
+def missing_for(feature: str) -> list[Requirement]:
+    """The unmet requirements of one rocm-yolo feature."""
+    return [r for r in missing() if r.feature == feature]
 
 
 def check() -> list[str]:

@@ -1,20 +1,25 @@
-"""Convolution self-test: which Conv2d strategy works on this GPU (``--conv auto``).
+"""Convolution self-test: which Conv2d strategies work on this GPU, and which is fastest (``--conv auto``).
 
 On gfx101x a MIOpen convolution may raise ("invalid device function"), return wrong
-numbers, or abort the whole process (a GPU memory access fault ends in SIGABRT). So the
-test runs in a throwaway subprocess (``python -m rocm_yolo.convtest --child ...``): it
-runs a representative set of YOLO convolution shapes, forward and backward, with each
-strategy on the device and compares outputs and gradients with a float64 CPU reference.
-The first strategy that works and matches, in the order native, aten, fp32, gemm, wins.
+numbers, or abort the whole process (a GPU memory access fault ends in SIGABRT), and some
+fail only in validation (half precision, new shapes: ROCm/MIOpen#3077). So the test runs
+in a throwaway subprocess (``python -m rocm_yolo.convtest --child ...``) that, for every
+strategy of :data:`STRATEGIES`, checks a training step and YOLO's validation against a
+float64 CPU reference and times a training step at YOLO scale
+(:mod:`rocm_yolo.convprobe` says exactly what runs). ``auto`` then takes the fastest
+strategy that passed (:func:`choose`); timings within :data:`TIE_MARGIN` of each other go
+to the earlier strategy of the list (the least intrusive: ``miopen-off``, which changes
+BatchNorm too, comes last).
 
 If a strategy fails the child exits and a fresh child tests the next one (a failed HIP
 launch can leave the device context unusable); if the child dies, the strategy it was
 running is recorded as failed with the signal and the last line of its stderr. The whole
 test never runs past its timeout: the child's process group is killed.
 
-The choice is cached per (arch, torch version, HIP version, HSA_OVERRIDE_GFX_VERSION, amp)
-in ``conv-selftest.json`` under the cache dir (``cache_dir`` argument,
-``$ROCM_YOLO_CACHE_DIR``, or ``~/.cache/rocm-yolo``), written atomically.
+The choice and every strategy's result and time are cached per (arch, torch version, HIP
+version, HSA_OVERRIDE_GFX_VERSION, amp) in ``conv-selftest.json`` under the cache dir
+(``cache_dir`` argument, ``$ROCM_YOLO_CACHE_DIR``, or ``~/.cache/rocm-yolo``), written
+atomically.
 
 This module does not import torch in the calling process: the supervisor may call it.
 """
@@ -30,34 +35,39 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
+from rocm_yolo.conv_strategies import AUTO, STRATEGIES
 from rocm_yolo.fsutil import write_atomic
 from rocm_yolo.proctree import kill_now, signal_name, start
 from rocm_yolo.paths import cache_dir
 from rocm_yolo.rocm import torch_build
 
-__all__ = ["STRATEGIES", "SHAPES", "SelfTestError", "run_selftest", "resolve_strategy", "default_cache_dir"]
+__all__ = ["STRATEGIES", "Timing", "SelfTestError", "run_selftest", "choose", "timings_text", "resolve_strategy",
+           "default_cache_dir", "default_timing"]
 
-STRATEGIES = ("native", "aten", "fp32", "gemm")  # same order as rocm_yolo.patches.conv.STRATEGIES
 CACHE_FILE = "conv-selftest.json"
+CACHE_VERSION = 2  # entries of version 1 were chosen by order, without timings: tested again
+DEFAULT_TIMEOUT = 600.0  # five strategies; the first MIOpen use can compile kernels for minutes
+TIE_MARGIN = 0.10  # timings this close (relative) are noise: the earlier strategy wins
 _PREFIX = "ROCM_YOLO_SELFTEST "
 
-#: (label, batch, in_channels, size, out_channels, kernel, stride, groups, bias): the
-#: kinds of convolution a YOLO detection model runs (stem, downsampling, bottlenecks, 1x1
-#: projections, depthwise convs of the head, the biased head outputs), kept small.
-SHAPES = (
-    ("stem 3x3/2", 2, 3, 64, 16, 3, 2, 1, False),
-    ("down 3x3/2", 2, 16, 32, 32, 3, 2, 1, False),
-    ("bottleneck 3x3", 2, 16, 32, 16, 3, 1, 1, False),
-    ("pointwise 1x1", 2, 32, 16, 64, 1, 1, 1, False),
-    ("depthwise 3x3", 2, 64, 16, 64, 3, 1, 64, False),
-    ("head 3x3+bias", 2, 64, 8, 64, 3, 1, 1, True),
-    ("head 1x1+bias", 2, 64, 8, 80, 1, 1, 1, True),
-)
 
-# Relative error allowed against the float64 reference (TF32/fp16 included).
-_TOLERANCE = {"fp32": 5e-3, "amp": 3e-2}
+@dataclass(frozen=True)
+class Timing:
+    """The timed run's size: a training step of the probe blocks at ``imgsz`` x ``batch``,
+    repeated for up to ``budget_s`` seconds (at least three steps, at most ten)."""
+
+    imgsz: int
+    batch: int
+    budget_s: float
+
+
+def default_timing(device: str) -> Timing:
+    """640 px, batch 8 on a GPU (YOLO's scale); tiny on the CPU, where the test exists for tests and by-hand checks."""
+    return Timing(32, 1, 0.0) if device == "cpu" else Timing(640, 8, 2.0)
 
 
 class SelfTestError(RuntimeError):
@@ -69,55 +79,12 @@ class SelfTestError(RuntimeError):
 
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
+    if type(exc).__name__ == "ProbeError":  # already says where and what
+        return text[0] if text else "failed"
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
 
 
-def _check_strategy(strategy: str, device: str, amp: bool, references: dict) -> float:
-    """Run every shape with ``strategy`` on ``device``; return the worst relative error."""
-    import torch
-    from torch import nn
-
-    from rocm_yolo.patches.conv import PicklableConvForward
-
-    forward = PicklableConvForward(strategy)
-    device_type = torch.device(device).type
-    amp_dtype = torch.bfloat16 if device_type == "cpu" else torch.float16
-    worst = 0.0
-    for shape in SHAPES:
-        label, n, cin, size, cout, k, s, g, bias = shape
-        if label not in references:
-            torch.manual_seed(0)
-            conv = nn.Conv2d(cin, cout, k, s, k // 2, groups=g, bias=bias).double()
-            x = torch.randn(n, cin, size, size, dtype=torch.float64, requires_grad=True)
-            y = conv(x)
-            grad = torch.randn_like(y)
-            wanted = [x] + list(conv.parameters())
-            references[label] = (conv, x.detach(), grad, [y.detach()] + list(torch.autograd.grad(y, wanted, grad)))
-        conv_ref, x_ref, grad_ref, expected = references[label]
-        conv = nn.Conv2d(cin, cout, k, s, k // 2, groups=g, bias=bias).to(device)
-        with torch.no_grad():
-            conv.weight.copy_(conv_ref.weight)
-            if bias:
-                conv.bias.copy_(conv_ref.bias)
-        x = x_ref.float().to(device).requires_grad_(True)
-        with torch.autocast(device_type, dtype=amp_dtype, enabled=amp):
-            y = forward(conv, x, conv.weight, conv.bias)
-        got = [y] + list(torch.autograd.grad(y, [x] + list(conv.parameters()), grad_ref.to(device, y.dtype)))
-        if device_type == "cuda":
-            torch.cuda.synchronize()  # surface asynchronous kernel errors here, not later
-        for name, a, b in zip(("output", "grad input", "grad weight", "grad bias"), got, expected):
-            a = a.detach().double().cpu()
-            if not torch.isfinite(a).all():
-                raise RuntimeError(f"{label}: non-finite {name}")
-            err = ((a - b).abs().max() / (b.abs().max() + 1e-6)).item()
-            worst = max(worst, err)
-            tol = _TOLERANCE["amp" if amp else "fp32"]
-            if err > tol:
-                raise RuntimeError(f"{label}: {name} differs from the CPU reference (rel err {err:.2e} > {tol:.0e})")
-    return worst
-
-
-def _child_main(device: str, strategies: list[str], amp: bool, stop_on_success: bool) -> int:
+def _child_main(device: str, strategies: list[str], amp: bool, timing: Timing) -> int:
     """Report one JSON line per strategy; exit 3 after a failure so the parent starts afresh."""
 
     def emit(record: dict) -> None:
@@ -126,18 +93,24 @@ def _child_main(device: str, strategies: list[str], amp: bool, stop_on_success: 
 
     from rocm_yolo import faults
 
-    references: dict = {}
+    reference = None
     for strategy in strategies:
         emit({"start": strategy})
         try:
             faults.conv_fault(strategy)  # test hook: ROCM_YOLO_FAULT=conv-abort@native, ...
-            err = _check_strategy(strategy, device, amp, references)
+            if reference is None:  # torch's own kernels, before any strategy is installed here
+                from rocm_yolo import convprobe  # imports torch
+
+                reference = convprobe.build_reference(device)
+            convprobe.prepare(strategy)
+            err = max(convprobe.check_training(reference, device, amp),
+                      convprobe.check_validation(reference, device, amp))
+            convprobe.check_validation_at_scale(device, amp, timing.imgsz, timing.batch)
+            seconds = convprobe.time_training(device, amp, timing.imgsz, timing.batch, budget_s=timing.budget_s)
         except Exception as exc:  # noqa: BLE001 - every failure is a result
-            emit({"strategy": strategy, "ok": False, "max_err": float("nan"), "error": _one_line(exc)})
+            emit({"strategy": strategy, "ok": False, "max_err": float("nan"), "error": _one_line(exc), "time_s": None})
             return 3
-        emit({"strategy": strategy, "ok": True, "max_err": err, "error": None})
-        if stop_on_success:
-            return 0
+        emit({"strategy": strategy, "ok": True, "max_err": err, "error": None, "time_s": seconds})
     return 0
 
 
@@ -152,19 +125,20 @@ def _stderr_tail(path: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def _run_child(device, strategies, amp, stop_on_success, budget):
+def _run_child(device, strategies, amp, timing: Timing, budget, env):
     """One child run: (results, in-progress strategy or None, why the child ended badly or None)."""
     cmd = [sys.executable, "-m", "rocm_yolo.convtest", "--child", "--device", device,
-           "--strategies", ",".join(strategies)]
+           "--strategies", ",".join(strategies), "--time-imgsz", str(timing.imgsz),
+           "--time-batch", str(timing.batch), "--time-budget", str(timing.budget_s)]
     cmd += ["--amp"] if amp else []
-    cmd += ["--stop-on-success"] if stop_on_success else []
     results: dict = {}
     current = None
     with tempfile.NamedTemporaryFile("w+", prefix="rocm-yolo-convtest-", suffix=".err", delete=False) as err:
         err_path = err.name
     try:
         with open(err_path, "w") as err_file:
-            proc = start(cmd, stdout=subprocess.PIPE, stderr=err_file, stdin=subprocess.DEVNULL, text=True)
+            proc = start(cmd, env=None if env is None else dict(env), stdout=subprocess.PIPE, stderr=err_file,
+                         stdin=subprocess.DEVNULL, text=True)
         lines: queue.Queue = queue.Queue()
 
         def pump():
@@ -200,18 +174,25 @@ def _run_child(device, strategies, amp, stop_on_success, budget):
         os.unlink(err_path)
 
 
-def run_selftest(device: str, strategies=STRATEGIES, timeout: float = 300.0, *, amp: bool = False,
-                 stop_on_success: bool = False) -> dict:
-    """Test ``strategies`` on ``device`` in subprocesses: {strategy: {"ok", "max_err", "error"}}.
+def _failed(error: str) -> dict:
+    return {"ok": False, "max_err": float("nan"), "error": error, "time_s": None}
 
-    ``amp`` runs the convolutions under autocast (fp16 on GPUs), which is where ``fp32``
-    differs from ``native``. With ``stop_on_success`` testing stops at the first strategy
-    that passes (the later ones are absent from the result). Never runs past ``timeout``
-    seconds in total; strategies not reached are reported as not run.
+
+def run_selftest(device: str, strategies=STRATEGIES, timeout: float = DEFAULT_TIMEOUT, *, amp: bool = False,
+                 timing: Timing | None = None, env: Mapping[str, str] | None = None) -> dict:
+    """Test and time ``strategies`` on ``device`` in subprocesses.
+
+    Returns {strategy: {"ok", "max_err", "error", "time_s"}} in the order given; ``time_s``
+    is the median seconds of a training step (None for a strategy that failed). ``amp`` runs
+    the training step under autocast (fp16 on GPUs), which is where ``fp32`` differs from
+    ``native``; the validation check always includes half precision. ``timing`` defaults to
+    :func:`default_timing`; ``env`` is the children's environment (default: this process's).
+    Never runs past ``timeout`` seconds in total; strategies not reached are reported as not run.
     """
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
         raise ValueError(f"unknown conv strategies {unknown}; choose from {', '.join(STRATEGIES)}")
+    timing = timing or default_timing(device)
     deadline = time.monotonic() + timeout
     results: dict = {}
     remaining = list(strategies)
@@ -219,20 +200,37 @@ def run_selftest(device: str, strategies=STRATEGIES, timeout: float = 300.0, *, 
         budget = deadline - time.monotonic()
         if budget <= 0:
             for s in remaining:
-                results[s] = {"ok": False, "max_err": float("nan"), "error": f"not run: self-test budget of {timeout:.0f}s used up"}
+                results[s] = _failed(f"not run: self-test budget of {timeout:.0f}s used up")
             break
-        got, current, failure = _run_child(device, remaining, amp, stop_on_success, budget)
+        got, current, failure = _run_child(device, remaining, amp, timing, budget, env)
         results.update(got)
         if current is not None:
-            results[current] = {"ok": False, "max_err": float("nan"), "error": failure}
+            results[current] = _failed(failure)
         elif failure is not None or not got:  # the child could not even start a strategy
             for s in remaining:
-                results.setdefault(s, {"ok": False, "max_err": float("nan"),
-                                       "error": f"self-test could not run: {failure or 'no output'}"})
-        if stop_on_success and any(r["ok"] for r in results.values()):
-            break
+                results.setdefault(s, _failed(f"self-test could not run: {failure or 'no output'}"))
         remaining = [s for s in remaining if s not in results]
     return {s: results[s] for s in strategies if s in results}
+
+
+def choose(results: Mapping[str, dict], margin: float = TIE_MARGIN) -> str | None:
+    """The fastest strategy that passed; within ``margin`` of the fastest, the earliest of :data:`STRATEGIES`.
+
+    None when none passed.
+    """
+    timed = {s: r["time_s"] for s, r in results.items() if r.get("ok") and r.get("time_s") is not None}
+    if not timed:
+        return None
+    fastest = min(timed.values())
+    return next(s for s in STRATEGIES if s in timed and timed[s] <= fastest * (1 + margin))
+
+
+def timings_text(results: Mapping[str, dict], chosen: str) -> str:
+    """``"gemm 1.0, aten 3.1x, fp32 3.2x"``: each passing strategy's step time relative to ``chosen``."""
+    base = results[chosen]["time_s"]
+    others = sorted((r["time_s"], s) for s, r in results.items()
+                    if s != chosen and r.get("ok") and r.get("time_s") is not None)
+    return ", ".join([f"{chosen} 1.0"] + [f"{s} {t / base:.1f}x" for t, s in others])
 
 
 # --------------------------------------------------------------------------- cache + resolve
@@ -261,18 +259,33 @@ def _failures(results: dict) -> str:
     return "; ".join(f"{s} failed: {r['error']}" for s, r in results.items() if not r["ok"])
 
 
+def cache_key(arch: str, build: dict, amp: bool, env: Mapping[str, str] = os.environ) -> str:
+    """The self-test cache key: what decides which strategies work and how fast."""
+    override = env.get("HSA_OVERRIDE_GFX_VERSION", "")
+    return f"{arch}|torch {build['torch']}|hip {build['hip']}|hsa {override or '-'}|{'amp' if amp else 'fp32'}"
+
+
+def cached_entry(path: Path, key: str) -> dict | None:
+    """The valid cache entry for ``key`` in ``path``, or None (missing, corrupt, or of an older version)."""
+    entry = _load_cache(path).get(key)
+    if (isinstance(entry, dict) and entry.get("version") == CACHE_VERSION and entry.get("strategy") in STRATEGIES
+            and isinstance(entry.get("results"), dict) and entry["strategy"] in entry["results"]):
+        return entry
+    return None
+
+
 def resolve_strategy(requested: str, arch: str | None, *, device: str = "cuda", cache_dir=None,
-                     timeout: float = 300, amp: bool = False) -> tuple[str, str]:
+                     timeout: float = DEFAULT_TIMEOUT, amp: bool = False) -> tuple[str, str]:
     """Turn ``--conv`` into a strategy: (strategy, one-line explanation for the run header).
 
     An explicit strategy is returned as is. ``auto`` means ``native`` without ROCm (no AMD
     GPU, or a torch without HIP); on ROCm, the cached self-test result for this (arch,
-    torch, HIP, HSA override, amp) or a fresh self-test. Raises SelfTestError when no
-    strategy works, ValueError for an unknown name.
+    torch, HIP, HSA override, amp) or a fresh self-test, which picks the fastest strategy
+    that passes. Raises SelfTestError when no strategy works, ValueError for an unknown name.
     """
-    if requested != "auto":
+    if requested != AUTO:
         if requested not in STRATEGIES:
-            raise ValueError(f"unknown conv strategy {requested!r}; choose auto or one of {', '.join(STRATEGIES)}")
+            raise ValueError(f"unknown conv strategy {requested!r}; choose {AUTO} or one of {', '.join(STRATEGIES)}")
         return requested, f"{requested} (requested)"
     build = torch_build()
     if arch is None:
@@ -283,20 +296,25 @@ def resolve_strategy(requested: str, arch: str | None, *, device: str = "cuda", 
     return _resolve_on_rocm(arch, build, path / CACHE_FILE, device=device, timeout=timeout, amp=amp)
 
 
-def _resolve_on_rocm(arch: str, build: dict, path: Path, *, device: str, timeout: float, amp: bool) -> tuple[str, str]:
+def _resolve_on_rocm(arch: str, build: dict, path: Path, *, device: str, timeout: float, amp: bool,
+                     timing: Timing | None = None) -> tuple[str, str]:
     """The ROCm half of ``resolve_strategy``: cache lookup, else self-test and cache write."""
-    override = os.environ.get("HSA_OVERRIDE_GFX_VERSION", "")
-    key = f"{arch}|torch {build['torch']}|hip {build['hip']}|hsa {override or '-'}|{'amp' if amp else 'fp32'}"
-    entry = _load_cache(path).get(key)
-    if isinstance(entry, dict) and entry.get("strategy") in STRATEGIES:
-        why = _failures(entry.get("results", {}))
-        return entry["strategy"], f"{entry['strategy']} (self-test, cached in {_pretty(path)}{': ' + why if why else ''})"
-    results = run_selftest(device, STRATEGIES, timeout, amp=amp, stop_on_success=True)
-    chosen = next((s for s, r in results.items() if r["ok"]), None)
+    key = cache_key(arch, build, amp)
+    entry = cached_entry(path, key)
+    if entry is not None:
+        results, chosen = entry["results"], entry["strategy"]
+        why = _failures(results)
+        return chosen, (f"{chosen} (auto, cached in {_pretty(path)}; {why + '; ' if why else ''}"
+                        f"{timings_text(results, chosen)})")
+    timing = timing or default_timing(device)
+    results = run_selftest(device, STRATEGIES, timeout, amp=amp, timing=timing)
+    chosen = choose(results)
     if chosen is None:
         raise SelfTestError(f"no convolution strategy works on {arch} ({device}): {_failures(results)}")
     cache = _load_cache(path)
-    cache[key] = {"strategy": chosen, "results": results, "tested_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    cache[key] = {"version": CACHE_VERSION, "strategy": chosen, "results": results,
+                  "timing": {"imgsz": timing.imgsz, "batch": timing.batch, "amp": amp},
+                  "tested_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(cache, indent=2, sort_keys=True))
@@ -304,7 +322,7 @@ def _resolve_on_rocm(arch: str, build: dict, path: Path, *, device: str, timeout
     except OSError as exc:
         where = f"not cached: {exc}"
     why = _failures(results)
-    return chosen, f"{chosen} (self-test: {why + '; ' if why else 'passed; '}{where})"
+    return chosen, f"{chosen} (auto; {why + '; ' if why else ''}{timings_text(results, chosen)}; {where})"
 
 
 # --------------------------------------------------------------------------- entry
@@ -312,22 +330,33 @@ def _resolve_on_rocm(arch: str, build: dict, path: Path, *, device: str, timeout
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rocm_yolo.convtest",
-                                     description="Test which Conv2d strategy works on this GPU.")
+                                     description="Test and time the Conv2d strategies on this GPU.")
     parser.add_argument("--device", default="cuda", help="torch device to test (default: cuda)")
-    parser.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated, in order")
-    parser.add_argument("--amp", action="store_true", help="run the convolutions under autocast")
-    parser.add_argument("--stop-on-success", action="store_true")
-    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated")
+    parser.add_argument("--amp", action="store_true", help="run the training step under autocast")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
+    parser.add_argument("--time-imgsz", type=int, help="image size of the timed run (default: 640 on a GPU)")
+    parser.add_argument("--time-batch", type=int, help="batch of the timed run (default: 8 on a GPU)")
+    parser.add_argument("--time-budget", type=float, help="seconds to time each strategy for (default: 2 on a GPU)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     strategies = [s for s in args.strategies.split(",") if s]
+    base = default_timing(args.device)
+    timing = Timing(args.time_imgsz or base.imgsz, args.time_batch or base.batch,
+                    base.budget_s if args.time_budget is None else args.time_budget)
     if args.child:
-        return _child_main(args.device, strategies, args.amp, args.stop_on_success)
-    results = run_selftest(args.device, strategies, args.timeout, amp=args.amp, stop_on_success=args.stop_on_success)
+        return _child_main(args.device, strategies, args.amp, timing)
+    results = run_selftest(args.device, strategies, args.timeout, amp=args.amp, timing=timing)
+    chosen = choose(results)
     for strategy, r in results.items():
-        status = f"ok   max rel err {r['max_err']:.1e}" if r["ok"] else f"FAIL {r['error']}"
-        print(f"{strategy:<7} {status}")
-    return 0 if any(r["ok"] for r in results.values()) else 1
+        status = (f"ok   {r['time_s'] * 1e3:8.1f} ms/step  max rel err {r['max_err']:.1e}" if r["ok"]
+                  else f"FAIL {r['error']}")
+        print(f"{strategy:<10} {status}")
+    if chosen is None:
+        print("auto: no strategy works")
+        return 1
+    print(f"auto: {chosen} ({timings_text(results, chosen)})")
+    return 0
 
 
 if __name__ == "__main__":

@@ -28,6 +28,9 @@ from rocm_yolo.doctor_model import (  # noqa: F401 - re-exported for scripts and
 )
 from rocm_yolo.errors import UsageError
 from rocm_yolo.profiles import PROFILES
+from rocm_yolo.tasks import CLASSIFY, DETECT, OBB, POSE, SEGMENT
+
+DATA_TASKS = (DETECT, SEGMENT, POSE, OBB, CLASSIFY)  # the tasks whose data the doctor checks
 
 # ---------------------------------------------------------------------------------------
 # command line
@@ -35,7 +38,11 @@ from rocm_yolo.profiles import PROFILES
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the doctor's arguments to ``parser`` (the ``doctor`` subcommand of the CLI)."""
-    parser.add_argument("data", nargs="?", metavar="DATA", help="Ultralytics data YAML to check (or 'demo')")
+    parser.add_argument("data", nargs="?", metavar="DATA",
+                        help="Ultralytics data YAML, or a class-per-folder directory for classification, to check (or 'demo')")
+    parser.add_argument("--task", choices=DATA_TASKS, default=None,
+                        help="check the data for this task (default: a directory is classify, a YAML with kpt_shape "
+                        "pose, any other YAML detect: boxes or polygons)")
     parser.add_argument("--workers", type=int, default=None, help="DataLoader workers to test (default: the profile's)")
     parser.add_argument("--batch", type=int, default=16, help="batch size for the shared-memory estimate and loader test (16)")
     parser.add_argument("--imgsz", type=int, default=640, help="training image size for the shared-memory estimate (640)")
@@ -78,11 +85,10 @@ def options_from_args(args: argparse.Namespace) -> Options:
             data = write_demo()
         elif not data.exists():
             raise UsageError(f"data file not found: {args.data}")
-        elif not data.is_file():
-            raise UsageError(f"DATA must be a data YAML file, not a directory: {args.data}")
     kernel_log = getattr(args, "kernel_log", None)
     return Options(
         data=data,
+        task=getattr(args, "task", None),
         workers=args.workers,
         batch=args.batch,
         imgsz=args.imgsz,

@@ -79,7 +79,22 @@ def torch_kind(build: dict) -> str:
     return "cpu" if build.get("torch") else "none"
 
 
-def check_versions(opts: Options, gpus: list | None) -> Iterator[Row]:
+TORCH_IMPORT_PROBE = "import json, torch; print(json.dumps({'torch': torch.__version__}))"
+
+
+def torch_import_error(opts: Options) -> str | None:
+    """Why ``import torch`` fails in a fresh interpreter (its last error line), or None if it works."""
+    result, outcome = python_json(opts, TORCH_IMPORT_PROBE, min(opts.timeout, 120))
+    if result is not None:
+        return None
+    if outcome.timed_out:
+        return f"import torch did not finish in {outcome.seconds:.0f} s"
+    tail = outcome.tail(1)
+    return tail[0] if tail else (f"killed by {outcome.signal_name}" if outcome.signal_name else
+                                 f"exit code {outcome.returncode}")
+
+
+def check_versions(opts: Options, gpus: list | None, torch_error: str | None = None) -> Iterator[Row]:
     from rocm_yolo.rocm import torch_build
 
     yield Row("versions.python", "Python", OK, f"{sys.version.split()[0]} ({opts.python})")
@@ -87,9 +102,15 @@ def check_versions(opts: Options, gpus: list | None) -> Iterator[Row]:
     kind = torch_kind(build)
     have_gpu = bool(gpus)
     data = dict(build, kind=kind)
-    if kind == "none":
+    if build.get("path") is None:
         yield Row("versions.torch", "torch", FAIL, "not installed", "pip install torch from the ROCm index "
                   "(https://pytorch.org/get-started/locally/, choose ROCm)", data=data)
+    elif torch_error is not None:
+        yield Row("versions.torch", "torch", FAIL, f"{build['torch'] or 'torch'} at {build['path']} fails to import: "
+                  f"{torch_error}", "reinstall torch (pip install --force-reinstall torch ...; on an AMD GPU from the "
+                  "ROCm index) or fix what the error names (a missing library, a broken PYTHONPATH)",
+                  data=dict(data, error=torch_error,
+                            verdict="torch cannot be imported: fix that first, nothing else can be tested"))
     else:
         label = {"hip": f"ROCm/HIP {build['hip']} build", "cuda": f"CUDA {build['cuda']} build", "cpu": "CPU-only build"}[kind]
         status, fix = OK, None
@@ -495,7 +516,8 @@ def check_start_method(opts: Options) -> Iterator[Row]:
                   "check that start-up hook; the training child forces spawn", data=data)
     else:
         yield Row("start.method", "start method", OK,
-                  f"nothing forces one at start-up (default {result['default']}); the training child gets spawn", data=data)
+                  f"nothing forces one at start-up (default {result['default']}); the training child sets spawn "
+                  "and its workers fork from a preloaded server", data=data)
     startup = result.get("startup")
     if startup and _mentions_fork(startup):
         yield Row("start.startup", "PYTHONSTARTUP", WARN, f"{startup} sets a fork start method (interactive sessions only)",
@@ -512,28 +534,41 @@ def check_conv(opts: Options, gpus: list | None, kind: str) -> Iterator[Row]:
                   "no GPU: skipped (strategies only differ on a GPU)" if not gpus else "torch is not a ROCm build: skipped")
         return
     try:
-        from rocm_yolo.convtest import run_selftest
+        from rocm_yolo import convtest, rocm
     except ImportError as e:
         yield Row("conv.selftest", "conv self-test", WARN, f"conv self-test unavailable ({e})", "reinstall rocm-yolo")
         return
+    # Test what training would run: the architecture's presets (amp, MIOpen variables) where the user set nothing.
+    arch = gpus[0].arch
+    presets = rocm.presets(arch, {}, os.environ)
+    amp = not any(p.key == "amp" for p in presets)
+    env = dict(os.environ, **{p.key: str(p.value) for p in presets if p.kind == "env" and not p.user_set})
     try:
-        results = run_selftest("cuda", timeout=max(opts.timeout, 60))
+        results = convtest.run_selftest("cuda", timeout=max(opts.timeout, 300), amp=amp, env=env)
     except Exception as e:  # noqa: BLE001
         yield Row("conv.selftest", "conv self-test", WARN, f"conv self-test failed to run: {type(e).__name__}: {e}")
         return
-    good = [s for s, r in results.items() if r.get("ok")]
-    details = [f"{s}: {'ok' if r.get('ok') else 'failed'}"
-               + (f", max err {r['max_err']:.2g}" if isinstance(r.get("max_err"), float) and r["max_err"] == r["max_err"] else "")
-               + (f" ({r['error']})" if r.get("error") else "") for s, r in results.items()]
-    data = {"results": results}
-    if not good:
+    chosen = convtest.choose(results)
+    details = [f"{s}: " + (f"ok, {r['time_s'] * 1e3:.1f} ms per step, max err {r['max_err']:.2g}" if r.get("ok")
+                           else f"failed ({r.get('error')})") for s, r in results.items()]
+    path = convtest.default_cache_dir() / convtest.CACHE_FILE
+    entry = convtest.cached_entry(path, convtest.cache_key(arch, rocm.torch_build(), amp))
+    if entry is not None:
+        details.append(f"training uses the choice cached in {path}: {entry['strategy']} "
+                       f"({convtest.timings_text(entry['results'], entry['strategy'])}); delete the file to test again")
+    data = {"results": results, "auto": chosen, "amp": amp}
+    if chosen is None:
         yield Row("conv.selftest", "conv self-test", FAIL, "no convolution strategy works on this GPU",
                   "check the torch code and HSA override rows; train on the CPU meanwhile (device=cpu)", details, data)
-    elif results.get("native", {}).get("ok"):
-        yield Row("conv.selftest", "conv self-test", OK, f"native convolutions work ({', '.join(good)} pass)", details, data)
+        return
+    timings = convtest.timings_text(results, chosen)
+    if results.get("native", {}).get("ok"):
+        yield Row("conv.selftest", "conv self-test", OK,
+                  f"native convolutions work; auto picks {chosen} ({timings})", None, details, data)
     else:
-        yield Row("conv.selftest", "conv self-test", WARN, f"native (MIOpen) convolutions fail; {good[0]} works",
-                  f"train with --conv auto (or --conv {good[0]})", details, data)
+        yield Row("conv.selftest", "conv self-test", WARN,
+                  f"native (MIOpen) convolutions fail; auto picks {chosen} ({timings})",
+                  f"train with --conv auto (or --conv {chosen})", details, data)
 
 
 # ---------------------------------------------------------------------------------------
@@ -616,9 +651,16 @@ def run_all(opts: Options) -> Iterator[Row]:
     from rocm_yolo.rocm import torch_build
 
     gpus, why = detect_gpus(opts) if {"versions", "gpu", "conv"} - opts.skip else (None, None)
-    kind = torch_kind(torch_build())
+    build = torch_build()
+    kind = torch_kind(build)
+    loader_check = opts.data is not None and "loader" not in opts.skip
+    torch_error = None
+    if not build.get("path"):
+        torch_error = "torch is not installed"
+    elif "versions" not in opts.skip or loader_check:
+        torch_error = torch_import_error(opts)
     if "versions" not in opts.skip:
-        yield from check_versions(opts, gpus)
+        yield from check_versions(opts, gpus, torch_error if build.get("path") else None)
     if "gpu" not in opts.skip:
         yield from check_gpu(opts, gpus, why)
         yield from check_torch_gpu(opts, gpus, kind)
@@ -629,7 +671,7 @@ def run_all(opts: Options) -> Iterator[Row]:
     if opts.data is not None and not {"data", "loader"} <= opts.skip:
         from rocm_yolo import doctor_data
 
-        yield from doctor_data.check_data_and_loader(opts)
+        yield from doctor_data.check_data_and_loader(opts, torch_error)
     elif "data" not in opts.skip:
         yield Row("data.yaml", "data set", SKIP, "no DATA given: pass a data YAML (or 'demo') to check data and loading")
     if "conv" not in opts.skip:

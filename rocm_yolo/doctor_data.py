@@ -1,21 +1,23 @@
 """The doctor's data set and DataLoader checks.
 
-Data: the YAML is resolved the way Ultralytics resolves it (``path:`` root, train/val/test
-entries that are directories, ``.txt`` image lists or lists of either; images/… ↔ labels/…),
-then every image is decoded and every label line checked, in a thread pool (OpenCV
-releases the GIL). A FIFO, socket or device file is reported and never opened: opening it
-would block, which is how such a file hangs a training run.
+Data: each task's data is read the way Ultralytics reads it (:mod:`rocm_yolo.datasets`: a
+dataset YAML with YOLO label files for detect, segment, pose and obb; a class-per-folder
+directory for classify), then every image is decoded and every label line checked against
+the task's format, in a thread pool (OpenCV releases the GIL). A FIFO, socket or device
+file is reported and never opened: opening it would block, which is how such a file hangs a
+training run. The task is ``--task``, else what the data says: a directory is classify, a
+YAML with ``kpt_shape`` pose, any other YAML detect (whose lines may be boxes or polygons).
 
-DataLoader: Ultralytics' own ``build_yolo_dataset`` and a torch DataLoader, in a
-subprocess per step (single process, then spawn workers), each killed with its whole
-process group when it overruns; the verdict is what a person would conclude.
+DataLoader: Ultralytics' own dataset of the task (``build_yolo_dataset`` or
+``ClassificationDataset``) and a torch DataLoader, in a subprocess per step (single
+process, then spawn workers), each killed with its whole process group when it overruns;
+the verdict is what a person would conclude.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 import sys
 import tempfile
@@ -26,196 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from rocm_yolo.datasets import (  # noqa: F401 - re-exported: the doctor's readers live there now
+    IMG_FORMATS, DataError, DataSpec, LabelFormat, check_image, check_label, classify_images, image_files,
+    label_format, label_path, load_classify_spec, load_spec,
+)
 from rocm_yolo.doctor_model import FAIL, OK, SKIP, WARN, Options, Row, loader_plan
 from rocm_yolo.proctree import kill_now, read_file, signal_name, start_captured
+from rocm_yolo.tasks import CLASSIFY, DETECT, POSE
 
-# Ultralytics' ultralytics.data.utils.IMG_FORMATS (8.4), copied: importing it imports torch.
-IMG_FORMATS = {"avif", "bmp", "dng", "heic", "heif", "jp2", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp"}
-NO_CV2_DECODE = {"avif", "heic", "heif"}  # Ultralytics opens these through Pillow plugins
 SHOW = 5  # file names shown per problem in the table (all of them go into --json, up to MAX_LISTED)
 MAX_LISTED = 1000
 _EVENT = "@@doctor "
-
-
-class DataError(Exception):
-    """The YAML cannot be used at all (one line for the row)."""
-
-
-@dataclass
-class DataSpec:
-    yaml: Path
-    root: Path
-    names: dict[int, str]
-    splits: dict[str, list[Path]]  # split -> resolved entries (dirs, txt lists, files)
-    kpt_shape: list | None = None
-    channels: int = 3
-
-
-# ---------------------------------------------------------------------------------------
-# YAML -> paths -> image files, like Ultralytics
-
-
-def _datasets_dir() -> Path | None:
-    """Ultralytics' ``datasets_dir`` setting, read from its settings file without importing it."""
-    base = os.environ.get("YOLO_CONFIG_DIR") or os.path.join(Path.home(), ".config", "Ultralytics")
-    try:
-        return Path(json.loads((Path(base) / "settings.json").read_text())["datasets_dir"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def load_spec(yaml_path: Path) -> DataSpec:
-    import yaml
-
-    try:
-        data = yaml.safe_load(yaml_path.read_text(errors="replace"))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise DataError(f"{yaml_path.name} is not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
-    if not isinstance(data, dict):
-        raise DataError(f"{yaml_path.name} is not a mapping of keys (train:, val:, names:)")
-    names = data.get("names")
-    if isinstance(names, list):
-        names = dict(enumerate(names))
-    elif isinstance(names, dict):
-        try:
-            names = {int(k): str(v) for k, v in names.items()}
-        except (TypeError, ValueError):
-            raise DataError("names: keys must be class numbers 0, 1, ...") from None
-    elif names is None and isinstance(data.get("nc"), int):
-        names = {i: f"class{i}" for i in range(data["nc"])}
-    else:
-        raise DataError(f"{yaml_path.name} has no 'names' list (or 'nc')")
-    if not names:
-        raise DataError("names: is empty")
-    if "nc" in data and data["nc"] != len(names):
-        raise DataError(f"nc: {data['nc']} but names has {len(names)} entries")
-    for key in ("train", "val"):
-        if not data.get(key):
-            raise DataError(f"{yaml_path.name} has no '{key}:' entry")
-    root = Path(data.get("path") or yaml_path.parent)
-    if not root.exists() and not root.is_absolute():
-        # Ultralytics resolves a relative root against the working directory, then its datasets_dir
-        alt = (_datasets_dir() or Path("datasets")) / root
-        root = (yaml_path.parent / root) if (yaml_path.parent / root).exists() and not alt.exists() else alt
-    splits: dict[str, list[Path]] = {}
-    for key in ("train", "val", "test"):
-        value = data.get(key)
-        if not value:
-            continue
-        entries = value if isinstance(value, list) else [value]
-        resolved = []
-        for entry in entries:
-            x = (root / str(entry)).resolve()
-            if not x.exists() and str(entry).startswith("../"):
-                x = (root / str(entry)[3:]).resolve()
-            resolved.append(x)
-        splits[key] = resolved
-    return DataSpec(yaml_path, root, names, splits, data.get("kpt_shape"), int(data.get("channels", 3) or 3))
-
-
-def image_files(entries: list[Path]) -> tuple[list[str], list[str]]:
-    """(image files, missing entries) of one split, as Ultralytics' ``get_img_files`` lists them."""
-    import glob
-
-    files, missing = [], []
-    for p in entries:
-        if p.is_dir():
-            files += glob.glob(str(Path(glob.escape(str(p))) / "**" / "*.*"), recursive=True)
-        elif p.is_file():
-            parent = str(p.parent) + os.sep
-            lines = p.read_text(errors="replace").strip().splitlines()
-            files += [x.replace("./", parent, 1) if x.startswith("./") else x for x in (y.strip() for y in lines) if x]
-        else:
-            missing.append(str(p))
-    return sorted(x for x in files if x.rpartition(".")[-1].lower() in IMG_FORMATS), missing
-
-
-def label_path(image: str) -> str:
-    sa, sb = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
-    return sb.join(image.rsplit(sa, 1)).rsplit(".", 1)[0] + ".txt"
-
-
-# ---------------------------------------------------------------------------------------
-# one image + its label
-
-
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
-                       (stat.S_ISBLK, "block device"), (stat.S_ISDIR, "directory")):
-        if test(mode):
-            return name
-    return "special file"
-
-
-def check_image(path: str) -> tuple[str, str] | None:
-    """None if the image decodes; else (problem, message). Never opens a non-regular file."""
-    try:
-        st = os.stat(path)
-    except OSError as e:
-        return "missing", f"{path}: {e.strerror}"
-    if not stat.S_ISREG(st.st_mode):
-        return "special", f"{path}: a {_kind(st.st_mode)}, not a regular file (reading it would block)"
-    ext = path.rpartition(".")[-1].lower()
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        return "corrupt", f"{path}: unreadable ({e.strerror})"
-    if not raw:
-        return "corrupt", f"{path}: empty file"
-    if ext in NO_CV2_DECODE:
-        return None
-    import cv2
-    import numpy as np
-
-    img = cv2.imdecode(np.frombuffer(raw, np.uint8), cv2.IMREAD_COLOR)
-    if img is None:
-        return "corrupt", f"{path}: does not decode as an image"
-    if img.shape[0] < 10 or img.shape[1] < 10:
-        return "corrupt", f"{path}: {img.shape[1]}x{img.shape[0]} px (Ultralytics needs >= 10 px)"
-    if ext in ("jpg", "jpeg") and raw[-2:] != b"\xff\xd9":
-        return "truncated", f"{path}: truncated JPEG (Ultralytics restores it on the fly)"
-    return None
-
-
-def check_label(path: str, nc: int, columns: set[int] | None) -> tuple[str, str] | None:
-    """None if the label file is fine or absent-as-background; else (problem, message)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return "nolabel", path
-    except OSError as e:
-        return "badlabel", f"{path}: {e.strerror}"
-    if not stat.S_ISREG(st.st_mode):
-        return "special", f"{path}: a {_kind(st.st_mode)}, not a regular file (reading it would block)"
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError as e:
-        return "badlabel", f"{path}: unreadable ({e.strerror})"
-    for n, line in enumerate(text.splitlines(), 1):
-        parts = line.split()
-        if not parts:
-            continue
-        try:
-            values = [float(x) for x in parts]
-        except ValueError:
-            return "badlabel", f"{path}:{n}: not numbers: {line.strip()[:60]!r}"
-        k = len(values)
-        ok_columns = (k in columns) if columns else (k == 5 or (k >= 7 and k % 2 == 1))
-        if not ok_columns:
-            want = " or ".join(map(str, sorted(columns))) if columns else "5 (class x y w h) or a polygon"
-            return "badlabel", f"{path}:{n}: {k} numbers, expected {want}"
-        cls = values[0]
-        if cls != int(cls) or cls < 0:
-            return "badclass", f"{path}:{n}: class id {parts[0]} is not a whole number >= 0"
-        if cls >= nc:
-            return "badclass", f"{path}:{n}: class id {int(cls)} out of range (names has {nc}: 0-{nc - 1})"
-        coords = values[1:5] if columns else values[1:]
-        if max(coords) > 1.01 or min(coords) < -0.01:
-            return "badlabel", f"{path}:{n}: coordinates outside 0..1 ({' '.join(parts[1:5])}): not normalized?"
-    return None
 
 
 @dataclass
@@ -258,11 +81,12 @@ class _Progress:
             sys.stderr.flush()
 
 
-def scan_split(files: list[str], nc: int, columns: set[int] | None, threads: int, progress: _Progress) -> SplitReport:
+def scan_split(files: list[str], nc: int, fmt: LabelFormat | None, threads: int, progress: _Progress) -> SplitReport:
+    """Decode every image and, unless ``fmt`` is None (classification), check its label file."""
     report = SplitReport(images=len(files))
 
     def one(path: str):
-        result = check_image(path), check_label(label_path(path), nc, columns)
+        result = check_image(path), (check_label(label_path(path), nc, fmt) if fmt else ("nolabel", ""))
         progress.step()
         return result
 
@@ -287,17 +111,22 @@ def scan_split(files: list[str], nc: int, columns: set[int] | None, threads: int
 
 _PROBLEMS = (  # kind, description, blocks training?
     ("special", "not regular files (a FIFO blocks the loader forever)", True),
+    ("boxrow", "box-only label files where the task needs polygons (Ultralytics refuses the data set)", True),
     ("missing", "listed but missing", False),
     ("corrupt", "corrupt images (Ultralytics skips them)", False),
     ("badlabel", "malformed label files (Ultralytics skips those images)", False),
     ("badclass", "labels with class ids out of range of names (Ultralytics skips those images)", False),
     ("truncated", "truncated JPEGs", False),
+    ("loose", "images outside any class folder (Ultralytics ignores them)", False),
+    ("emptyclass", "class folders without images", False),
+    ("extraclass", "class folders the train split lacks (Ultralytics skips their images)", False),
+    ("missingclass", "classes of the train split without images here", False),
 )
+_UNUSABLE = ("special", "missing", "corrupt", "badlabel", "badclass", "boxrow")
 
 
-def split_row(split: str, report: SplitReport, nc: int) -> Row:
-    details, fixes, status = [], [], OK
-    usable = report.images - sum(report.count(k) for k in ("special", "missing", "corrupt", "badlabel", "badclass"))
+def _problem_details(report: SplitReport) -> tuple[str, list[str]]:
+    details, status = [], OK
     for kind, what, blocks in _PROBLEMS:
         items = report.problems.get(kind, [])
         if not items:
@@ -306,6 +135,13 @@ def split_row(split: str, report: SplitReport, nc: int) -> Row:
         details.append(f"{len(items)} {what}:")
         details += [f"  {x}" for x in items[:SHOW]] + ([f"  ... and {len(items) - SHOW} more (--json lists them)"]
                                                       if len(items) > SHOW else [])
+    return status, details
+
+
+def split_row(split: str, report: SplitReport, nc: int, fmt: LabelFormat = LabelFormat()) -> Row:
+    fixes = []
+    status, details = _problem_details(report)
+    usable = report.images - sum(report.count(k) for k in _UNUSABLE)
     if report.problems.get("special"):
         fixes.append("remove or replace the non-regular files named above")
     if report.problems.get("corrupt") or report.problems.get("missing"):
@@ -313,7 +149,11 @@ def split_row(split: str, report: SplitReport, nc: int) -> Row:
     if report.problems.get("badclass"):
         fixes.append(f"fix the class ids or complete 'names' ({nc} classes) in the YAML")
     if report.problems.get("badlabel"):
-        fixes.append("fix the label lines named above: 'class x_center y_center width height', normalized to 0..1")
+        fixes.append(f"fix the label lines named above: {fmt.task} lines have {fmt.expected()} numbers, "
+                     "coordinates normalized to 0..1")
+    if report.problems.get("boxrow"):
+        fixes.append(f"give every object of a {fmt.task} data set a polygon (class x1 y1 x2 y2 ...), "
+                     "or train a detection model on it")
     found = f"{report.images} images, {report.labels} label files"
     if report.images == 0:
         status, found = FAIL, "no images found"
@@ -335,20 +175,32 @@ def split_row(split: str, report: SplitReport, nc: int) -> Row:
 # 5. data rows, then 6. loader rows
 
 
-def check_data_and_loader(opts: Options) -> Iterator[Row]:
+def data_task(opts: Options, kpt_shape=None) -> str:
+    """The task the data is checked for: ``--task``, else a directory is classify, ``kpt_shape`` pose."""
+    if opts.task:
+        return opts.task
+    if opts.data is not None and opts.data.is_dir():
+        return CLASSIFY
+    return POSE if kpt_shape is not None else DETECT
+
+
+def check_data_and_loader(opts: Options, torch_error: str | None = None) -> Iterator[Row]:
+    if opts.data.is_dir() or opts.task == CLASSIFY:
+        yield from check_classify_data(opts, torch_error)
+        return
     try:
         spec = load_spec(opts.data)
+        task = data_task(opts, spec.kpt_shape)
+        fmt = label_format(task, spec.kpt_shape)
     except DataError as e:
         yield Row("data.yaml", "data YAML", FAIL, str(e), f"fix {opts.data}")
         yield from _loader_skipped(opts, "the data YAML is unusable")
         return
     nc = len(spec.names)
-    yield Row("data.yaml", "data YAML", OK, f"{opts.data} ({nc} classes, root {spec.root})",
-              data={"root": str(spec.root), "names": spec.names, "splits": {k: [str(p) for p in v] for k, v in spec.splits.items()}})
-    columns = None
-    if spec.kpt_shape:
-        k, dims = int(spec.kpt_shape[0]), int(spec.kpt_shape[1]) if len(spec.kpt_shape) > 1 else 2
-        columns = {5 + k * dims}
+    how = f"{task} labels" + (": boxes or polygons (--task segment or obb checks for polygons)" if not opts.task and task == DETECT else "")
+    yield Row("data.yaml", "data YAML", OK, f"{opts.data} ({nc} classes, root {spec.root}, checked as {how})",
+              data={"root": str(spec.root), "names": spec.names, "task": task, "kpt_shape": spec.kpt_shape,
+                    "splits": {k: [str(p) for p in v] for k, v in spec.splits.items()}})
     train_ok = False
     threads = min(32, 4 * (opts.cpus or os.cpu_count() or 1))
     for split, entries in spec.splits.items():
@@ -361,8 +213,8 @@ def check_data_and_loader(opts: Options) -> Iterator[Row]:
         if "data" in opts.skip:
             train_ok = train_ok or (split == "train" and bool(files))
             continue
-        report = scan_split(files, nc, columns, threads, _Progress(opts.progress, split, len(files)))
-        row = split_row(split, report, nc)
+        report = scan_split(files, nc, fmt, threads, _Progress(opts.progress, split, len(files)))
+        row = split_row(split, report, nc, fmt)
         if split == "train":
             train_ok = row.status != FAIL or not report.problems.get("special") and row.data["usable"] > 0
         yield row
@@ -371,7 +223,107 @@ def check_data_and_loader(opts: Options) -> Iterator[Row]:
     if not train_ok:
         yield from _loader_skipped(opts, "the train split has no usable images or has files that block")
         return
-    yield from check_loader(opts, spec)
+    yield from check_loader(opts, {"task": task, "names": spec.names, "channels": spec.channels,
+                                   "kpt_shape": spec.kpt_shape, "train": [str(p) for p in spec.splits["train"]]},
+                            torch_error)
+
+
+def check_classify_data(opts: Options, torch_error: str | None = None) -> Iterator[Row]:
+    """A class-per-folder directory: its classes, then each split's images and class folders."""
+    if not opts.data.is_dir():
+        yield Row("data.folder", "data folder", FAIL, f"{opts.data} is a file, but a classification data set is a "
+                  "directory of class folders (DIR/train/<class>/*.jpg, DIR/val/<class>/*.jpg)",
+                  "pass the directory (a dataset YAML is for detect, segment, pose and obb: --task)")
+        yield from _loader_skipped(opts, "no classification directory")
+        return
+    if opts.task and opts.task != CLASSIFY:
+        yield Row("data.folder", "data folder", FAIL, f"{opts.data} is a directory: that is classification data, "
+                  f"but --task {opts.task} trains on a dataset YAML", f"pass the {opts.task} data set's YAML")
+        yield from _loader_skipped(opts, "the data does not fit the task")
+        return
+    try:
+        spec = load_classify_spec(opts.data)
+    except DataError as e:
+        yield Row("data.folder", "data folder", FAIL, str(e), "lay the images out in class folders")
+        yield from _loader_skipped(opts, "the data folder is unusable")
+        return
+    nc = len(spec.names)
+    names = ", ".join(list(spec.names.values())[:8]) + (", ..." if nc > 8 else "")
+    found = f"{opts.data}: {_n(nc, 'class')} ({names}), splits {', '.join(spec.splits) or '-'}"
+    info = {"root": str(spec.root), "names": spec.names, "task": CLASSIFY, "splits": {k: str(v) for k, v in spec.splits.items()}}
+    if spec.auto_split:
+        yield Row("data.folder", "data folder", WARN, f"{opts.data}: {_n(nc, 'class folder')}, no train/ folder",
+                  f"Ultralytics copies them into {opts.data}_split/train and val (80/20) at every start; "
+                  "split them yourself into train/ and val/ to train on stable splits", data=info)
+    else:
+        yield Row("data.folder", "data folder", OK, found, data=info)
+    splits = spec.splits or {"all": spec.root}
+    train_ok = False
+    threads = min(32, 4 * (opts.cpus or os.cpu_count() or 1))
+    for split, folder in splits.items():
+        by_class, loose = classify_images(folder)
+        files = sorted(f for images in by_class.values() for f in images)
+        if "data" in opts.skip:
+            train_ok = train_ok or (split in ("train", "all") and bool(files))
+            continue
+        report = scan_split(files, nc, None, threads, _Progress(opts.progress, split, len(files)))
+        train_folders = {d.name for d in splits.get("train", spec.root).iterdir() if d.is_dir()}  # names, or NDJSON ids
+        report.problems.update(_class_problems(split, folder, by_class, loose, train_folders))
+        row = _classify_split_row(split, report, by_class, nc)
+        if split in ("train", "all"):
+            train_ok = row.status != FAIL or not report.problems.get("special") and row.data["usable"] > 0
+        yield row
+    if "loader" in opts.skip:
+        return
+    if not train_ok:
+        yield from _loader_skipped(opts, "the train split has no usable images or has files that block")
+        return
+    yield from check_loader(opts, {"task": CLASSIFY, "names": spec.names, "channels": 3,
+                                   "train": [str(splits.get("train", spec.root))]}, torch_error)
+
+
+def _class_problems(split: str, folder: Path, by_class: dict, loose: list, names: set) -> dict[str, list[str]]:
+    problems: dict[str, list[str]] = {}
+    if loose:
+        problems["loose"] = loose[:MAX_LISTED]
+    folders = sorted(d.name for d in folder.iterdir() if d.is_dir()) if folder.is_dir() else []
+    empty = [f"{folder / d}" for d in folders if d not in by_class]
+    if empty and split in ("train", "all"):
+        problems["emptyclass"] = empty
+    if split not in ("train", "all"):
+        extra = [f"{folder / d}" for d in sorted(set(by_class) - names)]
+        lacking = sorted(names - set(by_class))
+        if extra:
+            problems["extraclass"] = extra
+        if lacking:
+            problems["missingclass"] = [", ".join(lacking[:20]) + (" ..." if len(lacking) > 20 else "")]
+    return problems
+
+
+def _classify_split_row(split: str, report: SplitReport, by_class: dict, nc: int) -> Row:
+    status, details = _problem_details(report)
+    usable = report.images - sum(report.count(k) for k in _UNUSABLE)
+    found = f"{_n(report.images, 'image')} in {_n(len(by_class), 'class folder')}"
+    fixes = []
+    if report.problems.get("special"):
+        fixes.append("remove or replace the non-regular files named above")
+    if report.problems.get("corrupt") or report.problems.get("missing"):
+        fixes.append("re-export or delete the corrupt images")
+    if report.problems.get("loose"):
+        fixes.append("move loose images into their class folder")
+    if report.problems.get("extraclass") or report.problems.get("missingclass"):
+        fixes.append(f"give every split the same class folders as train ({nc} classes)")
+    if report.images == 0:
+        status = FAIL if split in ("train", "all") else WARN
+        found = f"no images in class folders of {split}/"
+        fixes = [f"put images in {split}/<class>/ folders"]
+    elif usable <= 0:
+        status, found = FAIL, found + ", none usable"
+    elif report.problems:
+        found += f", {usable} usable"
+    data = {"images": report.images, "usable": usable, "classes": {k: len(v) for k, v in sorted(by_class.items())},
+            "problems": report.problems}
+    return Row(f"data.{split}", f"data: {split}", status, found, "; ".join(fixes) or None, details, data)
 
 
 def _loader_skipped(opts: Options, why: str) -> Iterator[Row]:
@@ -404,9 +356,22 @@ def probe_main(spec_file: str) -> None:
     from ultralytics.cfg import get_cfg
     from ultralytics.data.build import build_yolo_dataset
 
-    cfg = get_cfg(overrides={"imgsz": spec["imgsz"], "task": "detect"})
-    data = {"names": {int(k): v for k, v in spec["names"].items()}, "nc": len(spec["names"]), "channels": spec["channels"]}
-    dataset = build_yolo_dataset(cfg, spec["train"], spec["batch"], data, mode="train", stride=32)
+    task = spec.get("task", "detect")
+    cfg = get_cfg(overrides={"imgsz": spec["imgsz"], "task": task})
+    names = {int(k): v for k, v in spec["names"].items()}
+    if task == "classify":  # what ClassificationTrainer.build_dataset makes
+        import inspect
+
+        from ultralytics.data import ClassificationDataset
+
+        aligned = "names" in inspect.signature(ClassificationDataset.__init__).parameters  # Ultralytics >= 8.4.154
+        dataset = ClassificationDataset(spec["train"][0], cfg, augment=True, prefix="train",
+                                        **({"names": names} if aligned else {}))
+    else:
+        data = {"names": names, "nc": len(names), "channels": spec["channels"]}
+        if spec.get("kpt_shape") is not None:
+            data["kpt_shape"] = spec["kpt_shape"]
+        dataset = build_yolo_dataset(cfg, spec["train"], spec["batch"], data, mode="train", stride=32)
     _emit("dataset", images=len(dataset))
     workers = spec["workers"]
     kwargs = {}
@@ -501,13 +466,16 @@ def run_probe(opts: Options, spec: dict, build_timeout: float) -> ProbeResult:
     return ProbeResult("error", events, seconds, message, tail)
 
 
-def check_loader(opts: Options, spec: DataSpec) -> Iterator[Row]:
+def check_loader(opts: Options, data: dict, torch_error: str | None = None) -> Iterator[Row]:
+    """``data``: the task, names, channels, kpt_shape and train paths the probe builds its dataset from."""
+    if torch_error is not None:  # the probe needs torch: its failure would blame the data
+        yield from _loader_skipped(opts, f"torch cannot be imported ({torch_error}); see the torch row")
+        return
     plan = loader_plan(opts)
     workers = opts.workers if opts.workers is not None else plan["workers"]
     batch = min(opts.batch, 8)
-    base = {"names": {str(k): v for k, v in spec.names.items()}, "channels": spec.channels,
-            "train": [str(p) for p in spec.splits["train"]], "imgsz": min(opts.imgsz, 160), "batch": batch,
-            "prefetch": plan["prefetch"] or 2}
+    base = dict(data, names={str(k): v for k, v in data["names"].items()}, imgsz=min(opts.imgsz, 160), batch=batch,
+                prefetch=plan["prefetch"] or 2)
     build_timeout = max(opts.timeout, 300.0)
     single = run_probe(opts, dict(base, workers=0, batches=3), build_timeout)
     yield _single_row(opts, single)
@@ -524,7 +492,7 @@ def check_loader(opts: Options, spec: DataSpec) -> Iterator[Row]:
 
 
 def _n(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 'es' if word.endswith('ch') else 's'}"
+    return f"{count} {word}{'' if count == 1 else 'es' if word.endswith(('ch', 'ss')) else 's'}"
 
 
 def _took(result: ProbeResult, kind: str) -> float | None:

@@ -42,7 +42,8 @@ class Row:
 class Options:
     """Everything the checks need: the parsed arguments plus the injectable system roots."""
 
-    data: Path | None = None
+    data: Path | None = None  # a dataset YAML, or a class-per-folder directory (classification)
+    task: str | None = None  # what the data is checked for; None: what the data says (rocm_yolo.doctor_data.data_task)
     workers: int | None = None  # None: the profile's default
     batch: int = 16
     imgsz: int = 640

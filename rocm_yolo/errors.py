@@ -86,6 +86,7 @@ _ULTRALYTICS_USER_CHECKS = {
     "check_det_dataset", "check_cls_dataset", "check_file", "check_yaml", "check_cfg", "check_dict_alignment",
     "check_imgsz", "check_resume", "check_source", "yaml_model_load", "guess_model_scale", "check_model_file_from_stem",
     "load_checkpoint", "attempt_load_one_weight", "torch_safe_load", "get_cfg", "cfg2dict", "smart_value",
+    "cache_labels", "get_labels", "verify_labels",  # YOLODataset: no labels, no valid images, boxes for a segment task
 }
 
 

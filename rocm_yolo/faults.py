@@ -10,10 +10,20 @@ Training faults, ``WHERE`` = ``EPOCH:BATCH`` (1-based; fired after that training
 - ``main-hang``: the trainer's main thread blocks forever;
 - ``crash``: the trainer raises ``RuntimeError`` (a training error: restarted);
 - ``bug``: the trainer raises ``KeyError`` from rocm-yolo's own code (an internal error);
-  ``bug@setup`` raises it before training starts.
+  ``bug@setup`` raises it before training starts;
+- ``save-kill``: the trainer kills itself with SIGKILL halfway through writing the first
+  mid-epoch checkpoint at or after that batch (a temporary file is left, half written).
+
+``ROCM_YOLO_RECORD_BATCHES=FILE`` (tests only) appends one JSON line per training batch to
+``FILE``: attempt, epoch, batch index and the batch's image files, in the order trained.
 
 Conv self-test faults, ``WHERE`` = a strategy name: ``conv-raise`` imitates a HIP error,
-``conv-abort`` a GPU memory access fault (SIGABRT), ``conv-hang`` a stuck kernel.
+``conv-abort`` a GPU memory access fault (SIGABRT), ``conv-hang`` a stuck kernel (all three
+as the strategy starts); ``conv-slow`` makes every convolution of the strategy really
+slower (it spins for ``SLOW_CONV_SECONDS`` of CPU time), so the self-test's timed run
+measures it; ``conv-half-inference`` makes its half-precision convolutions outside
+autograd raise, as MIOpen's "No invoker was registered for convolution forward" did in
+YOLOv8's validation (ROCm/MIOpen#3077): training passes, validation fails.
 
 A training fault fires once per run directory (a marker file records it), so the run that
 the watchdog restarts is healthy. Nothing here is active unless the variable is set.
@@ -31,9 +41,11 @@ from typing import Mapping
 from rocm_yolo.paths import RunPaths
 
 ENV = "ROCM_YOLO_FAULT"
-TRIGGER_ENV = "ROCM_YOLO_FAULT_TRIGGER"  # file whose existence tells workers to hang (set by the trainer)
-TRAINING = ("worker-hang", "main-hang", "crash", "bug")
-CONV = ("conv-raise", "conv-abort", "conv-hang")
+RECORD_ENV = "ROCM_YOLO_RECORD_BATCHES"  # tests: where to record the samples of every training batch
+TRAINING = ("worker-hang", "main-hang", "crash", "bug", "save-kill")
+CONV_AT_START = ("conv-raise", "conv-abort", "conv-hang")
+CONV = CONV_AT_START + ("conv-slow", "conv-half-inference")
+SLOW_CONV_SECONDS = 0.02  # what conv-slow adds to every convolution
 KINDS = TRAINING + CONV
 
 
@@ -79,6 +91,15 @@ def find(kind: str, env: Mapping[str, str] = os.environ) -> Fault | None:
     return next((f for f in active(env) if f.kind == kind), None)
 
 
+def claim(fault: Fault, paths: RunPaths) -> bool:
+    """True the first time ``fault`` fires in this run directory (a marker file records it)."""
+    marker = paths.fault_fired(fault.kind)
+    if marker.exists():
+        return False
+    marker.write_text(f"{fault.kind} at epoch {fault.epoch} batch {fault.batch}\n")
+    return True
+
+
 def block_forever() -> None:
     """A real hang: the calling thread waits on an event nobody sets."""
     threading.Event().wait()
@@ -97,7 +118,7 @@ def raise_bug(where: str) -> None:
 
 def conv_fault(strategy: str, env: Mapping[str, str] = os.environ) -> None:
     """In the conv self-test child: imitate a GPU failure of ``strategy`` if one is requested."""
-    fault = next((f for f in active(env) if f.kind in CONV and f.where == strategy), None)
+    fault = next((f for f in active(env) if f.kind in CONV_AT_START and f.where == strategy), None)
     if fault is None:
         return
     if fault.kind == "conv-raise":
@@ -110,18 +131,33 @@ def conv_fault(strategy: str, env: Mapping[str, str] = os.environ) -> None:
         time.sleep(1)
 
 
+def conv_slowdown(strategy: str, env: Mapping[str, str] = os.environ) -> float:
+    """Seconds ``conv-slow`` adds to each convolution of ``strategy`` (0.0 when not requested)."""
+    return SLOW_CONV_SECONDS if any(f.kind == "conv-slow" and f.where == strategy for f in active(env)) else 0.0
+
+
+def conv_half_inference_fails(strategy: str, env: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``conv-half-inference`` asks half-precision inference of ``strategy`` to fail."""
+    return any(f.kind == "conv-half-inference" and f.where == strategy for f in active(env))
+
+
+def half_inference_error() -> RuntimeError:
+    return RuntimeError("miopenStatusUnknownError: No invoker was registered for convolution forward. "
+                        f"Was find executed? (injected by {ENV})")
+
+
 # --------------------------------------------------------------------------- training
 
 
-def worker_hang_check():
-    """``worker-hang``: a check that blocks the calling thread forever once the trigger exists
-    (at once without ``@``); None when the fault is not requested. Worker processes run it in
-    every ``__getitem__`` (:func:`arm_worker`), the loader threads of the ``threads`` profile
-    before every batch."""
+def worker_hang_check(run_dir: str | os.PathLike | None):
+    """``worker-hang``: a check that blocks the calling thread forever once the run's trigger
+    file exists (at once without ``@``); None when the fault is not requested. Worker
+    processes run it in every ``__getitem__`` (:func:`arm_worker`), the loader threads of the
+    ``threads`` profile before every batch."""
     fault = find("worker-hang")
     if fault is None:
         return None
-    trigger = os.environ.get(TRIGGER_ENV) if fault.epoch is not None else None
+    trigger = str(RunPaths(run_dir).fault_trigger) if fault.epoch is not None and run_dir else None
 
     def check() -> None:
         if trigger is None or os.path.exists(trigger):
@@ -130,9 +166,9 @@ def worker_hang_check():
     return check
 
 
-def arm_worker(dataset) -> None:
+def arm_worker(dataset, run_dir: str | os.PathLike | None) -> None:
     """In a DataLoader worker: make this worker's ``__getitem__`` hang once the trigger exists."""
-    check = worker_hang_check()
+    check = worker_hang_check(run_dir)
     if check is None or dataset is None:
         return
     cls = type(dataset)
@@ -149,18 +185,13 @@ class Injector:
     """Trainer side: Ultralytics callbacks that fire the training faults, each once per run."""
 
     def __init__(self, faults: list[Fault], paths: RunPaths):
-        self.faults = [f for f in faults if f.kind in TRAINING]
+        self.faults = [f for f in faults if f.kind in TRAINING and f.kind != "save-kill"]  # that one: midepoch
         self.paths = paths
         self.batch = 0
         paths.fault_trigger.unlink(missing_ok=True)  # a restarted run starts with healthy workers
-        os.environ[TRIGGER_ENV] = str(paths.fault_trigger)
 
     def _claim(self, fault: Fault) -> bool:
-        marker = self.paths.fault_fired(fault.kind)
-        if marker.exists():
-            return False
-        marker.write_text(f"{fault.kind} at epoch {fault.epoch} batch {fault.batch}\n")
-        return True
+        return claim(fault, self.paths)
 
     def on_pretrain_routine_start(self, trainer) -> None:
         for f in self.faults:
@@ -169,6 +200,10 @@ class Injector:
 
     def on_train_epoch_start(self, trainer) -> None:
         self.batch = 0
+
+    def resumed_at(self, batch: int) -> None:
+        """The epoch continues after ``batch`` batches trained before a restart (a mid-epoch checkpoint)."""
+        self.batch = batch
 
     def on_train_batch_end(self, trainer) -> None:
         self.batch += 1

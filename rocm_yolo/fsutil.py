@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import BinaryIO, Callable, Union
 
 
 def _temporary(path: Path) -> Path:
@@ -32,14 +33,22 @@ def _sync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes, *, durable: bool = False) -> None:
-    """Write ``data`` (text as UTF-8) to ``path`` atomically; ``durable`` also fsyncs."""
+def write_atomic(path: str | os.PathLike, data: Union[str, bytes, Callable[[BinaryIO], object]], *,
+                 durable: bool = False) -> None:
+    """Write ``data`` (text as UTF-8) to ``path`` atomically; ``durable`` also fsyncs.
+
+    ``data`` may also be a function that writes into the open binary file (e.g. ``torch.save``),
+    so a large payload need not be held in memory a second time.
+    """
     path = Path(path)
     tmp = _temporary(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     try:
         with open(tmp, "wb") as f:
-            f.write(payload)
+            if callable(payload):
+                payload(f)
+            else:
+                f.write(payload)
             if durable:
                 f.flush()
                 os.fsync(f.fileno())

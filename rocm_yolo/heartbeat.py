@@ -135,6 +135,7 @@ class HeartbeatWriter:
         self.it_s = 0.0
         self.last_write = float("-inf")
         self.last_step = clock()
+        self.pass_start = True  # the next step is the first of a pass (epoch, validation, resumed epoch)
         self.write("setup")
 
     def write(self, phase: str | None = None, force: bool = False) -> None:
@@ -187,7 +188,8 @@ class HeartbeatWriter:
         dt = now - self.last_step
         self.last_step = now
         self.step_last = dt
-        if self.state["batch"] == 0:
+        if self.pass_start:
+            self.pass_start = False
             return  # the first step of a pass includes worker start-up: not a step time
         self.step_max = max(self.step_max, dt)
         if train and dt > 0:
@@ -199,13 +201,20 @@ class HeartbeatWriter:
             epoch=trainer.epoch + 1, epochs=trainer.epochs, batch=0, batches=len(trainer.train_loader)
         )
         self.last_step = self.clock()
+        self.pass_start = True
+        self.write("train", force=True)
+
+    def resumed_at(self, batch: int) -> None:
+        """The epoch continues after ``batch`` batches trained before a restart (a mid-epoch checkpoint)."""
+        self.state["batch"] = batch
         self.write("train", force=True)
 
     def on_train_batch_end(self, trainer) -> None:
+        first = self.pass_start
         self._step()
         self.state["batch"] += 1
         self.state["batches_total"] += 1
-        self.write("train", force=self.state["batch"] == 1)  # the first batch of an epoch is always written
+        self.write("train", force=first)  # the first batch of an epoch is always written
 
     def on_val_start(self, validator) -> None:
         try:
@@ -214,12 +223,14 @@ class HeartbeatWriter:
             batches = 0
         self.state.update(batch=0, batches=batches)
         self.last_step = self.clock()
+        self.pass_start = True
         self.write("val", force=True)
 
     def on_val_batch_end(self, validator) -> None:
+        first = self.pass_start
         self._step(train=False)
         self.state["batch"] += 1
-        self.write("val", force=self.state["batch"] == 1)
+        self.write("val", force=first)
 
     def on_model_save(self, trainer) -> None:
         self.write("save", force=True)

@@ -9,7 +9,7 @@
   Ultralytics' ``InfiniteDataLoader`` keeps one iterator for the whole run, so
   ``persistent_workers=False`` alone changes nothing; ``reset()`` closes the old workers and
   the next epoch's first batch starts new ones.
-- ``on_model_save`` keeps a verified copy of ``last.pt``.
+- ``on_model_save`` keeps a verified copy of ``last.pt`` (``verified_epoch`` says which epoch's).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class RunHooks:
         self.training_started = False
         self.epoch_started = False
         self.recorded_epoch: int | None = None
+        self.verified_epoch: int | None = None  # the epoch (0-based) whose last.pt was saved and verified last
 
     # setup ---------------------------------------------------------------------------------
     def on_pretrain_routine_start(self, trainer) -> None:
@@ -93,6 +94,8 @@ class RunHooks:
             return
         if good is None:
             self.log.info(f"{trainer.last} failed verification right after the save; kept the previous copy")
+        else:
+            self.verified_epoch = trainer.epoch
 
     def callbacks(self) -> dict:
         return {

@@ -13,18 +13,18 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from rocm_yolo import checkpoints, ownership, ucfg
+from rocm_yolo.conv_strategies import CHOICES as CONV_STRATEGIES
 from rocm_yolo.errors import UsageError
 from rocm_yolo.paths import RunPaths
 from rocm_yolo.profiles import DEFAULT_LADDER, DEFAULT_PROFILE, LOADER_KEYS, resolve
 from rocm_yolo.spec import RunSpec, latest_spec
 from rocm_yolo.supervisor import RunResult, State, Supervisor, WatchdogConfig
+from rocm_yolo.tasks import CLASSIFY, task_for_model
 
-CONV_STRATEGIES = ("auto", "native", "aten", "fp32", "gemm")
 # Flags that are also Ultralytics train arguments (KEY=VALUE may not set them a second time).
 FLAG_KEYS = ("model", "workers", "epochs", "imgsz", "batch", "device", "project", "name")
 NOT_KEYS = {"mode": "rocm-yolo always trains", "task": "the task follows the model", "resume": "use --resume [LAST_PT]"}
 DEMO_DEFAULTS = {"imgsz": 64, "batch": 8, "plots": False}  # sized for a CPU: 2 epochs in well under a minute
-TASK_SUFFIXES = {"-seg": "segment", "-pose": "pose", "-obb": "obb", "-cls": "classify"}
 
 
 def parse_key_values(items: list[str]) -> dict[str, Any]:
@@ -41,32 +41,43 @@ def parse_key_values(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def _task(model: str) -> str:
-    stem = Path(model).stem
-    for suffix, task in TASK_SUFFIXES.items():
-        if stem.endswith(suffix):
-            return task
-    return "detect"
+def _resolve_data(data: str, task: str) -> tuple[str, list[str]]:
+    """The data path to train ``task`` on and notes for the run header; UsageError for data
+    Ultralytics would refuse. A classification model takes a class-per-folder directory, every
+    other task a dataset YAML (Ultralytics' check_cls_dataset / check_det_dataset)."""
+    from rocm_yolo.datasets import ARCHIVES, DataError, check_for_training, datasets_dir
 
-
-def _resolve_data(data: str) -> str:
     if data == "demo":
+        if task != "detect":
+            raise UsageError(f"'demo' is a detection data set: train it with a detection model (e.g. --model yolo26n.yaml), "
+                             f"or pass your own {task} data")
         from rocm_yolo.demo import write_demo
 
-        return str(write_demo())
+        return str(write_demo()), []
     path = Path(data).expanduser()
-    if path.is_file():
-        from rocm_yolo.doctor_data import DataError, load_spec  # the doctor's reading of a data YAML
-
+    bare = not path.parent.parts and not path.suffix  # e.g. 'imagenet10': a name Ultralytics looks up
+    if task == CLASSIFY and bare and not path.exists() and datasets_dir() and (datasets_dir() / data).is_dir():
+        path = datasets_dir() / data  # check_cls_dataset looks in its datasets_dir
+    if task == CLASSIFY and path.is_file():
+        if path.suffix.lower() in ARCHIVES:
+            return str(path.resolve()), []  # Ultralytics unpacks it into its datasets_dir
+        raise UsageError(f"data {data} is a file, but a classification model trains on a directory of class folders "
+                         "(DIR/train/<class>/*.jpg and DIR/val/<class>/*.jpg): pass that directory")
+    if task != CLASSIFY and path.is_dir():
+        yamls = sorted(path.glob("*.yaml")) + sorted(path.glob("*.yml"))
+        example = yamls[0] if yamls else Path(data) / "data.yaml"
+        raise UsageError(f"data '{data}' is a directory: a {task} model trains on a dataset YAML, pass it (e.g. {example}); "
+                         "a directory of class folders is for a classification model (e.g. --model yolo26n-cls.yaml)")
+    if path.exists():
         try:
-            load_spec(path)
+            notes = check_for_training(path, task)
         except DataError as e:
             raise UsageError(f"data {data}: {e}") from None
-        return str(path.resolve())
-    if path.is_dir():
-        raise UsageError(f"data '{data}' is a directory: pass its dataset YAML (e.g. {data}/data.yaml)")
-    if path.suffix in {".yaml", ".yml"} and not path.parent.parts:
-        return data  # a name Ultralytics knows (e.g. coco8.yaml); it downloads it
+        return str(path.resolve()), notes
+    if (task == CLASSIFY and bare) or (task != CLASSIFY and path.suffix in {".yaml", ".yml"} and not path.parent.parts):
+        return data, []  # a name Ultralytics knows (e.g. coco8.yaml, imagenet10); it downloads it
+    if task == CLASSIFY:
+        raise UsageError(f"data folder not found: {data} (a classification model takes a directory of class folders)")
     raise UsageError(f"data file not found: {data} (pass a dataset YAML, or 'demo' for the built-in demo set)")
 
 
@@ -114,6 +125,16 @@ def _find_resume(resume: str | bool, project: Path) -> Path:
     return last
 
 
+def _resume_checkpoint(resume: str | bool, last: Path) -> tuple[Path, str | None]:
+    """The checkpoint a resume starts from: a mid-epoch checkpoint named by the user, else the run's newest valid one."""
+    if not isinstance(resume, bool) and resume != "" and checkpoints.is_mid_checkpoint(last):
+        reason = checkpoints.verify(last)
+        if reason is not None:
+            raise UsageError(f"checkpoint {last} is unusable ({reason}): resume with --resume {last.with_name('last.pt')}")
+        return last, None
+    return checkpoints.choose_resume_point(last.with_name("last.pt"))
+
+
 def _check_device(device: object) -> None:
     """One GPU per run: Ultralytics' multi-GPU (DDP) ranks run without rocm-yolo's callbacks."""
     text = str(device if device is not None else "").strip().strip("[]()")
@@ -125,8 +146,12 @@ def _check_device(device: object) -> None:
 
 
 def default_model(data: str | None) -> str:
-    """Ultralytics' detect default of the installed version; as a YAML for the demo (no download)."""
-    name = ucfg.load().task2model.get("detect", "yolo26n.pt")
+    """Ultralytics' detect default of the installed version; as a YAML for the demo (no download).
+
+    A directory can only be classification data, so it gets Ultralytics' classify default.
+    """
+    task = CLASSIFY if data and data != "demo" and Path(data).expanduser().is_dir() else "detect"
+    name = ucfg.load().task2model.get(task, "yolo26n-cls.pt" if task == CLASSIFY else "yolo26n.pt")
     return str(Path(name).with_suffix(".yaml")) if data == "demo" else name
 
 
@@ -144,10 +169,12 @@ def make_spec(
     name: str | None = None,
     resume: str | bool | None = None,
     conv: str | None = None,
+    checkpoint_every: object | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> RunSpec:
     """Validate everything the user gave and return the spec of the first attempt."""
     extra = dict(extra or {})
+    interval = checkpoints.parse_interval(checkpoint_every) if checkpoint_every is not None else None
     for key, why in NOT_KEYS.items():
         if key in extra:
             raise UsageError(f"'{key}=' is not accepted here: {why}")
@@ -178,11 +205,17 @@ def make_spec(
         user_keys.add("conv")
 
     previous = None
-    project_dir = Path(flags["project"] or Path("runs") / _task(flags["model"] or "")).expanduser().resolve()
+    resuming = resume is not None and resume is not False
+    model_name = str(flags["model"] or ("" if resuming else default_model(data)))
+    if flags["model"] and not Path(model_name).suffix:
+        raise UsageError(f"--model {model_name}: give a .pt checkpoint or a .yaml model definition (e.g. yolo26n.yaml)")
+    task = task_for_model(model_name) if model_name else None
+    # Ultralytics' layout runs/TASK/NAME; a bare --resume looks through every task's runs
+    project_dir = Path(flags["project"] or (Path("runs") / task if task else Path("runs"))).expanduser().resolve()
     name = _check_name(str(flags["name"] or "train"))
     _check_device(flags["device"] if flags["device"] is not None else extra.get("device"))
     resume_notes: list[str] = []
-    resuming = resume is not None and resume is not False
+    data_notes: list[str] = []
     if resuming:
         last = _find_resume(resume, project_dir)
         run_dir = last.parent.parent
@@ -202,21 +235,24 @@ def make_spec(
         if conv is None and previous is not None and "conv" in previous.user_keys:
             conv = previous.conv
             user_keys.add("conv")
-        data_path = _resolve_data(data) if data else (previous.data if previous else "")
+        if interval is None and previous is not None:
+            interval = checkpoints.parse_interval(previous.checkpoint_every)
+        if data:
+            data_path, data_notes = _resolve_data(data, task_for_model(last))
+        else:
+            data_path = previous.data if previous else ""
         train_args: dict[str, Any] = {"data": data_path} if data else {}  # a moved data set: say where it is now
         if data:
             user_keys.add("data")
     else:
         if not data:
-            raise UsageError("DATA is required: a dataset YAML, or 'demo' for the built-in demo set (or --resume LAST_PT)")
-        data_path = _resolve_data(data)
+            raise UsageError("DATA is required: a dataset YAML (a directory of class folders for a classification model), "
+                             "or 'demo' for the built-in demo set (or --resume LAST_PT)")
+        data_path, data_notes = _resolve_data(data, task)
         if data == "demo":
             for key, value in DEMO_DEFAULTS.items():
                 if flags.get(key) is None and key not in extra:
                     extra[key] = value
-        model_name = str(flags["model"] or default_model(data))
-        if flags["model"] and not Path(model_name).suffix:
-            raise UsageError(f"--model {model_name}: give a .pt checkpoint or a .yaml model definition (e.g. yolo26n.yaml)")
         train_args = {"data": data_path}
     resolved = resolve(profile or DEFAULT_PROFILE, flags["workers"], loader_overrides, val=val)
     for key in ("epochs", "imgsz", "batch", "device"):
@@ -225,11 +261,11 @@ def make_spec(
     train_args.update(extra)
 
     # Everything the user gave is valid: only now take the run directory (and hold it).
-    notes = list(resolved.warnings)
+    notes = list(resolved.warnings) + data_notes
     if resuming:
         ownership.acquire(run_dir)  # refuses a live run before anything in it is touched
         try:
-            ckpt, note = checkpoints.choose_resume(last)
+            ckpt, note = _resume_checkpoint(resume, last)
         except BaseException:
             ownership.release(run_dir)
             raise
@@ -251,6 +287,7 @@ def make_spec(
         env=resolved.env,
         resume=str(ckpt) if ckpt else None,
         conv=conv or "auto",
+        checkpoint_every=(interval or checkpoints.parse_interval(checkpoints.DEFAULT_INTERVAL)).text,
         attempt=(previous.attempt + 1) if previous else 1,
         notes=tuple(notes),
     )
@@ -299,18 +336,21 @@ def train(
     fallback: tuple[str, ...] | str = DEFAULT_LADDER,
     conv: str | None = None,
     resume: str | bool | None = None,
+    checkpoint_every: str | int | None = None,
     **kwargs: Any,
 ) -> RunResult:
     """Train like ``rocm-yolo train``: the same validation, child process and supervisor.
 
     ``kwargs`` are the other flags (model, epochs, imgsz, batch, device, project, name) and any
-    Ultralytics train argument. Raises :class:`UsageError` for bad input; returns a
-    :class:`RunResult` whose ``exit_code`` matches the CLI's.
+    Ultralytics train argument. ``checkpoint_every`` takes what ``--checkpoint-every`` takes
+    ("10m", "30s", "1h", "500ba", or 0 for off; default "10m", on resume the run's own). Raises
+    :class:`UsageError` for bad input; returns a :class:`RunResult` whose ``exit_code`` matches the CLI's.
     """
     from rocm_yolo.profiles import parse_ladder
 
     flags = {k: kwargs.pop(k, None) for k in FLAG_KEYS if k not in ("workers",)}
-    spec = make_spec(data, workers=workers, profile=profile, resume=resume, conv=conv, extra=kwargs, **flags)
+    spec = make_spec(data, workers=workers, profile=profile, resume=resume, conv=conv,
+                     checkpoint_every=checkpoint_every, extra=kwargs, **flags)
     ladder = parse_ladder(fallback) if isinstance(fallback, str) else tuple(fallback)
     config = WatchdogConfig(enabled=watchdog, max_restarts=max_restarts, ladder=ladder,
                             **{k: v for k, v in (("stall_timeout", stall_timeout), ("startup_grace", startup_grace))

@@ -29,7 +29,7 @@ _held: dict[Path, int] = {}  # run directory -> fd of the lock this process hold
 
 
 def _setup_error(what: str, path: Path, error: OSError) -> SetupError:
-    advice = {errno.EROFS: "choose a writable --project", errno.ENOSPC: "free space or choose another --project",
+    advice = {errno.EROFS: "a run needs a writable directory: remount it read-write, or choose a writable --project", errno.ENOSPC: "free space or choose another --project",
               errno.EDQUOT: "free space within your quota", errno.EACCES: "check its permissions or choose another --project",
               errno.EPERM: "check its permissions or choose another --project"}.get(error.errno, "check the directory")
     return SetupError(f"cannot {what} {path} ({error.strerror or error}): {advice}")

@@ -75,6 +75,14 @@ def die_with_parent(parent_pid: int = 0) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def start(cmd: list[str], env: dict | None = None, cwd: str | None = None, *, pass_fds=(), **popen) -> subprocess.Popen:
     """Start ``cmd`` in a new session that dies with this process (even if it is SIGKILLed).
 

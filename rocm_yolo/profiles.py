@@ -1,12 +1,12 @@
 """Settings profiles, and the one place where loader settings are validated.
 
 A profile is a frozen, named set of DataLoader and training settings that users validated
-on their hardware: ``fast`` (spawn, persistent workers), ``safe`` (fewer workers, fresh
-workers every epoch, no validation during training), ``threads`` (no worker process: the
-loaders run in a pool of threads inside the trainer, see :mod:`rocm_yolo.patches.threads`)
-and ``single`` (no worker process and no loader thread at all, the guaranteed fallback).
-Flags and KEY=VALUE overrides are merged onto a profile by :func:`resolve`, which is the
-only function that decides whether a combination is valid.
+on their hardware: ``fast`` (persistent workers from a preloaded fork server), ``safe``
+(half the workers, fresh every epoch, no validation during training), ``threads`` (no
+worker process: the loaders run in a pool of threads inside the trainer, see
+:mod:`rocm_yolo.patches.threads`) and ``single`` (no worker process and no loader thread at
+all, the guaranteed fallback). Flags and KEY=VALUE overrides are merged onto a profile by
+:func:`resolve`, which is the only function that decides whether a combination is valid.
 
 This module is imported by the CLI: it must not import torch or ultralytics.
 """
@@ -28,7 +28,7 @@ class Profile:
     summary: str
     default_workers: int  # workers when --workers is not given
     max_workers: int | None  # hard cap on train workers (None: as requested)
-    val_workers_cap: int | None  # cap on the validation loader (None: Ultralytics' 2 x workers)
+    val_workers_cap: int | None  # cap on the validation loader (None: Ultralytics' 2 x workers; -1: the train workers)
     persistent_workers: bool
     prefetch_factor: int
     pin_memory: bool | None  # None: Ultralytics decides (on when a GPU is present)
@@ -36,20 +36,29 @@ class Profile:
     val: bool  # validation after every epoch (the final validation always runs)
     env: tuple[tuple[str, str], ...] = ()
     threads: int = 0  # loader threads in the trainer process (0: none); capped at the CPU count
+    worker_divisor: int = 1  # train workers = ceil(requested / divisor): fewer workers against contention
+
+    def workers_for(self, requested: int) -> int:
+        n = -(-requested // self.worker_divisor)
+        return n if self.max_workers is None else min(n, self.max_workers)
 
     def rows(self) -> list[tuple[str, str]]:
         """Every setting as (name, value) text, for ``rocm-yolo profiles``."""
         workers = f"as requested (default {self.default_workers})"
+        if self.worker_divisor > 1:
+            workers = f"half the requested (default {self.workers_for(self.default_workers)})"
         if self.max_workers is not None:
             workers = "0 (no worker process)" if self.max_workers == 0 else f"min(requested, {self.max_workers})"
         val_workers = "2 x workers (Ultralytics)" if self.val_workers_cap is None else f"<= {self.val_workers_cap}"
+        if self.val_workers_cap == -1:
+            val_workers = "<= workers"
         single = self.max_workers == 0
         loading = single and not self.threads  # nothing runs beside the main thread: no loader setting applies
         return [
             ("workers", workers),
             ("val workers", "0" if single else val_workers),
             ("loader threads", f"min({self.threads}, CPUs)" if self.threads else "-"),
-            ("start method", "-" if single else "spawn"),
+            ("start method", "-" if single else "forkserver (preloaded)"),
             ("persistent", "-" if single else str(self.persistent_workers).lower()),
             ("prefetch_factor", "-" if loading else str(self.prefetch_factor) + (" per thread" if self.threads else "")),
             ("pin_memory", "auto (on with a GPU)" if self.pin_memory is None else str(self.pin_memory).lower()),
@@ -64,7 +73,7 @@ PROFILES: dict[str, Profile] = {
     for p in (
         Profile(
             name="fast",
-            summary="spawn, persistent workers, validation every epoch",
+            summary="persistent workers from a preloaded fork server, validation every epoch",
             default_workers=4,
             max_workers=None,
             val_workers_cap=None,
@@ -76,16 +85,17 @@ PROFILES: dict[str, Profile] = {
         ),
         Profile(
             name="safe",
-            summary="at most 2 fresh workers per epoch, no validation during training",
-            default_workers=2,
-            max_workers=2,
-            val_workers_cap=2,
+            summary="half the workers, fresh every epoch, no validation during training",
+            default_workers=4,
+            max_workers=None,
+            val_workers_cap=-1,  # no more than the train workers
             persistent_workers=False,
             prefetch_factor=2,
             pin_memory=False,
             timeout=300,
             val=False,
             env=(("OMP_NUM_THREADS", "2"),),
+            worker_divisor=2,
         ),
         Profile(
             name="threads",
@@ -120,7 +130,7 @@ DEFAULT_LADDER = ("fast", "safe", "threads", "single")
 # KEY=VALUE names that set DataLoader settings (torch's names) rather than Ultralytics train args.
 LOADER_KEYS = frozenset({"persistent_workers", "prefetch_factor", "pin_memory", "timeout", "val_workers", "start_method",
                          "threads"})
-START_METHODS = ("spawn", "forkserver", "fork")
+START_METHODS = ("forkserver", "spawn", "fork")
 
 
 @dataclass(frozen=True)
@@ -133,7 +143,7 @@ class LoaderSettings:
     prefetch_factor: int | None
     pin_memory: bool | None
     timeout: float
-    start_method: str = "spawn"
+    start_method: str = "forkserver"  # a fork server with torch and Ultralytics preloaded (rocm_yolo.forkserver)
     start_method_explicit: bool = False  # the user chose it: loaders that set their own keep theirs otherwise
     threads: int = 0  # with workers=0: loader threads in the trainer process (profile threads); 0: the main thread
 
@@ -221,14 +231,15 @@ def resolve(
     warnings: list[str] = []
     cpus = cpu_count or os.cpu_count() or 1
 
-    n = profile.default_workers if workers is None else parse_int("workers", workers)
-    if profile.max_workers is not None and n > profile.max_workers:
-        if workers is not None and profile.max_workers == 0:
+    requested = profile.default_workers if workers is None else parse_int("workers", workers)
+    n = profile.workers_for(requested)
+    if n != requested and workers is not None:
+        if profile.max_workers == 0:
             hint = " (set its loader threads with threads=N)" if profile.threads else ""
-            warnings.append(f"profile '{profile.name}' runs without worker processes: workers={n} ignored{hint}")
-        elif workers is not None:
-            warnings.append(f"profile '{profile.name}' caps workers at {profile.max_workers}: workers={n} -> {profile.max_workers}")
-        n = profile.max_workers
+            warnings.append(f"profile '{profile.name}' runs without worker processes: workers={requested} ignored{hint}")
+        else:
+            warnings.append(f"profile '{profile.name}' uses {'half the' if profile.worker_divisor > 1 else 'at most'} "
+                            f"workers: workers={requested} -> {n}")
     if n > cpus:
         warnings.append(f"workers={n} is more than the {cpus} CPUs here: capped at {cpus}")
         n = cpus
@@ -264,7 +275,7 @@ def resolve(
             raise UsageError(f"timeout={overrides['timeout']!r} is not a number of seconds") from None
         if timeout < 0:
             raise UsageError(f"timeout={timeout:g} must be >= 0 (0 waits forever)")
-    start_method, explicit = "spawn", False
+    start_method, explicit = LoaderSettings.start_method, False
     if "start_method" in overrides:
         start_method, explicit = str(overrides["start_method"]), True
         if start_method not in START_METHODS:
@@ -272,7 +283,7 @@ def resolve(
         if start_method == "fork":
             warnings.append("start_method=fork: DataLoader workers inherit GPU runtime state and may hang")
 
-    val_workers = profile.val_workers_cap
+    val_workers = n if profile.val_workers_cap == -1 else profile.val_workers_cap
     if "val_workers" in overrides:
         val_workers = parse_int("val_workers", overrides["val_workers"])
     if val_workers is not None:

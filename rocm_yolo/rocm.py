@@ -8,8 +8,8 @@ topology in sysfs: ``/sys/class/kfd/kfd/topology/nodes/<n>/properties`` holds
 ``$ROCM_YOLO_KFD_ROOT``) so tests can use a fake tree.
 
 Presets are the settings a given architecture needs to train at all (gfx101x: no AMP, no
-channels_last, no pinned memory, a convolution strategy chosen by self-test, a private
-MIOpen cache). ``presets`` is pure: it says what it would set and whether the user has
+channels_last, a convolution strategy chosen by self-test, MIOpen's fast find mode on NCHW
+kernels, a private MIOpen cache); docs/conv.md names the public source of each. ``presets`` is pure: it says what it would set and whether the user has
 already set it; the caller applies the ones the user has not set and prints all of them.
 """
 
@@ -156,13 +156,14 @@ def torch_build() -> dict:
     Used for cache keys and "is this a ROCm build" checks in processes that must stay
     torch-free. Values are None when torch is absent or the file cannot be parsed.
     """
-    info = {"torch": None, "cuda": None, "hip": None}
+    info = {"torch": None, "cuda": None, "hip": None, "path": None}
     try:
         spec = importlib.util.find_spec("torch")
     except (ImportError, ValueError):
         spec = None
     if spec is None or not spec.submodule_search_locations:
         return info
+    info["path"] = str(next(iter(spec.submodule_search_locations)))
     for location in spec.submodule_search_locations:
         path = Path(location) / "version.py"
         try:
@@ -240,7 +241,7 @@ def presets(arch: str | None, user_args: Mapping[str, object], env: Mapping[str,
     """The presets for ``arch``; ``user_set`` is True where ``user_args``/``env`` already set the key.
 
     Pure: reads nothing but its arguments. ``user_args`` holds the Ultralytics train args and
-    loader/tool keys (``pin_memory``, ``conv``) the user passed; ``env`` is the environment.
+    loader/tool keys (``conv``) the user passed; ``env`` is the environment.
     Only gfx101x (RX 5500/5600/5700, Pro W5700...) has presets; CUDA, CPU (arch None) and
     other AMD architectures get [].
     """
@@ -250,17 +251,26 @@ def presets(arch: str | None, user_args: Mapping[str, object], env: Mapping[str,
     # The kernels MIOpen compiles and caches depend on the ISA the runtime reports, which
     # HSA_OVERRIDE_GFX_VERSION changes: keep one cache per (arch, override).
     miopen = miopen_dir(arch, override, env)
+    # Each preset has a public source; docs/conv.md names them. (No pin_memory preset: no
+    # source ties pinned DataLoader memory to gfx101x faults, so Ultralytics' default stays.)
     wanted = [
         ("arg", "amp", False,
-         "fp16 is broken on gfx101x; Ultralytics' AMP check downloads weights and lets HIP errors escape"),
+         "fp16 is broken on RDNA1/2 (MIOpen's fp16 convolutions segfault: Comfy-Org/ComfyUI#15615); Ultralytics' "
+         "AMP check downloads weights and lets HIP errors escape"),
         ("arg", "channels_last", False,
-         "Ultralytics turns NHWC on for device type cuda, which ROCm reports; NHWC takes other, less-tested MIOpen kernels"),
-        ("loader", "pin_memory", False,
-         "page-locked host memory goes through the HIP host allocator, a source of faults on consumer cards; the copy it saves is small"),
+         "Ultralytics turns NHWC on for device type cuda, which ROCm reports; MIOpen's NHWC kernels are its "
+         "less-tested, slower path on Radeon (pytorch/pytorch#110319, #170947)"),
         ("tool", "conv", "auto",
-         "MIOpen often has no working gfx101x kernel: a self-test picks native, aten, fp32 or gemm"),
+         "MIOpen often has no working gfx101x kernel: a self-test times native, aten, fp32, gemm and miopen-off "
+         "and picks the fastest that works"),
+        ("env", "MIOPEN_FIND_MODE", "FAST",
+         "MIOpen takes its find-db entry or immediate-mode fallback instead of benchmarking every solver on "
+         "first use (MIOpen docs): a quick start, no failing kernels tried one after another"),
+        ("env", "PYTORCH_MIOPEN_SUGGEST_NHWC", "0",
+         "keep MIOpen on NCHW kernels where a ROCm 7 build would pick NHWC (pytorch/pytorch#170947)"),
         ("env", "MIOPEN_USER_DB_PATH", str(miopen / "db"),
-         "a per-user, per-architecture MIOpen database: a shared one can be corrupted by another arch or version"),
+         "a per-user, per-architecture MIOpen database: a shared one breaks under concurrent or mixed use "
+         "(ROCm/MIOpen#1878)"),
         ("env", "MIOPEN_CUSTOM_CACHE_DIR", str(miopen / "cache"),
          "a per-user, per-architecture MIOpen kernel cache, for the same reason"),
     ]

@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rocm_yolo import errors, rocm
+from rocm_yolo import checkpoints, errors, rocm
+from rocm_yolo.checkpoints import MID_EPOCH_KEY
 from rocm_yolo.errors import CHILD_FINISHED, OK, SetupError, UsageError
 from rocm_yolo.fsutil import write_atomic
 from rocm_yolo.log import RunLog
@@ -90,7 +91,8 @@ def header_lines(spec: RunSpec, env: Environment, conv_line: str) -> list[str]:
     build = f"HIP {torch.version.hip}" if torch.version.hip else f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU"
     device = spec.train_args.get("device") or "auto"
     lines = [
-        f"rocm-yolo {__version__} | profile {spec.profile} | start method spawn | device {device} | attempt {spec.attempt}",
+        f"rocm-yolo {__version__} | profile {spec.profile} | start method {_start_method(env.loader)} | device {device} "
+        f"| attempt {spec.attempt}",
         f"torch {torch.__version__} ({build} build) | ROCm {view.get('hip') or '-'} | "
         f"Ultralytics {ultralytics.__version__} | Python {sys.version.split()[0]}",
         f"loaders: {env.loader.describe()}",
@@ -100,8 +102,13 @@ def header_lines(spec: RunSpec, env: Environment, conv_line: str) -> list[str]:
     advice = rocm.override_advice(env.arch, os.environ)
     if advice:
         lines.append(advice)
-    lines += list(spec.notes)
     return lines
+
+
+def _start_method(loader: LoaderSettings) -> str:
+    if not loader.workers:
+        return "- (no worker process)"
+    return "forkserver (preloaded)" if loader.start_method == "forkserver" else loader.start_method
 
 
 def train_args(spec: RunSpec, env: Environment, log: RunLog, ckpt: dict | None = None) -> dict:
@@ -116,19 +123,23 @@ def train_args(spec: RunSpec, env: Environment, log: RunLog, ckpt: dict | None =
     ckpt = ckpt or {}
     saved = dict(ckpt.get("train_args") or {})
     epoch, epochs = ckpt.get("epoch", -1), saved.get("epochs")
-    if epoch is None or epoch < 0 or (epochs and epoch + 1 >= epochs):
+    position = ckpt.get(MID_EPOCH_KEY)  # a mid-epoch checkpoint: "epoch" is the last completed one (-1 in the first)
+    if position is None and (epoch is None or epoch < 0 or (epochs and epoch + 1 >= epochs)):
         raise RunFinished(
             f"the run in {spec.run_dir} has already finished all {epochs} epochs: nothing to resume "
             "(start a new run without --resume to train again)"
         )
     _trim_results(spec.paths.results, spec.paths.results_backup, epoch + 1, log)
     changed = [f"{k} {saved.get(k)!r} -> {args[k]!r}" for k in RESUME_CHANGES if k in args and saved.get(k) != args[k]]
+    where = (f"epoch {epoch + 2}/{epochs}" if position is None else
+             f"epoch {position['epoch'] + 1}/{epochs}, batch {position['batch']:,}/{position['batches']:,}")
     log.event(
         "resume",
-        f"resuming {spec.resume} from epoch {epoch + 2}/{epochs} with profile '{spec.profile}'"
+        f"resuming {spec.resume} from {where} with profile '{spec.profile}'"
         + (f"; changed: {', '.join(changed)}" if changed else "; settings unchanged"),
         checkpoint=spec.resume,
         epoch=epoch + 2,
+        batch=position["batch"] if position else 0,
         changed=changed,
     )
     # Ultralytics reloads the saved arguments and lets a whitelist through; our callbacks
@@ -177,6 +188,10 @@ def import_checked(name: str, what: str):
 def run(spec: RunSpec, log: RunLog) -> int:
     """Steps 2-4 of the child; raises for errors before training (the caller reports them)."""
     env = prepare_environment(spec)  # 2. profile variables and architecture presets (no torch yet)
+    if env.loader.workers and env.loader.start_method == "forkserver":
+        from rocm_yolo import forkserver
+
+        forkserver.start(spec.run_dir)  # imports torch and Ultralytics while the trainer does the same
     import_checked("torch", "reinstall torch (on an AMD GPU, the ROCm build)")  # 3.
     import_checked("ultralytics", "reinstall ultralytics")
     from rocm_yolo import compat
@@ -190,10 +205,36 @@ def run(spec: RunSpec, log: RunLog) -> int:
     return train(spec, env, conv_line, log)  # 4.
 
 
+def continue_mid_epoch(spec: RunSpec, model, log: RunLog, load) -> tuple[RunSpec, object]:
+    """Check that the mid-epoch checkpoint ``spec`` resumes can continue inside its epoch here; if not (another
+    batch or imgsz, or an Ultralytics without the internals it needs), resume from the end of the last epoch."""
+    from rocm_yolo import compat
+    from rocm_yolo.midepoch import position_mismatch
+
+    given = {k: spec.train_args[k] for k in ("batch", "imgsz") if k in spec.user_keys and k in spec.train_args}
+    why = position_mismatch(model.ckpt, given)
+    if why is None and MID_EPOCH_KEY in (model.ckpt or {}) and compat.missing_for(compat.MID_EPOCH_FEATURE):
+        why = "this Ultralytics cannot be continued inside an epoch"
+    if why is None:
+        return spec, model
+    name = Path(spec.resume).name
+    try:
+        path, note = checkpoints.choose_resume(spec.paths.last)
+    except UsageError:
+        raise UsageError(f"{why}: the mid-epoch checkpoint {name} cannot continue with that, and the run has no "
+                         "end-of-epoch checkpoint yet: resume with the run's batch and imgsz, or start a new run") from None
+    if note:
+        log.info(note)
+    log.event("resume_epoch_boundary", f"{why}: the position in {name} means nothing with that, so the run resumes "
+              f"from the end of its last epoch ({path.name})", reason=why, checkpoint=str(path))
+    return spec.with_changes(resume=str(path)), load(str(path))
+
+
 def train(spec: RunSpec, env: Environment, conv_line: str, log: RunLog) -> int:
     from rocm_yolo import faults
     from rocm_yolo.heartbeat import HeartbeatWriter
     from rocm_yolo.integration import RunHooks
+    from rocm_yolo.midepoch import MidEpochCheckpoints, clean_temporaries
 
     started = time.time()
     paths = spec.paths
@@ -207,11 +248,22 @@ def train(spec: RunSpec, env: Environment, conv_line: str, log: RunLog) -> int:
     hooks = RunHooks(spec, log, arg_presets=env.args)
     groups = [hooks.callbacks(), heartbeat.callbacks()]
     injected = faults.active()
+    listeners = [heartbeat.resumed_at]
     if injected:
-        groups.append(faults.Injector(injected, paths).callbacks())
+        injector = faults.Injector(injected, paths)
+        groups.append(injector.callbacks())
+        listeners.append(injector.resumed_at)
+    midepoch = MidEpochCheckpoints(paths, log, checkpoints.parse_interval(spec.checkpoint_every), attempt=spec.attempt,
+                                   on_resumed=tuple(listeners), saved_epoch=lambda: hooks.verified_epoch)
+    groups.append(midepoch.callbacks())  # last: it moves the others' batch counters on a resumed epoch
+    clean_temporaries(paths)  # half-written files of a checkpoint write that was killed
     try:
         model = YOLO(spec.resume or spec.model)
+        if spec.resume:
+            spec, model = continue_mid_epoch(spec, model, log, YOLO)
         args = train_args(spec, env, log, model.ckpt)
+        if model.ckpt:
+            model.ckpt.pop(MID_EPOCH_KEY, None)  # the trainer loads its own copy; do not hold this one all run
         for group in groups:
             for event, fn in group.items():
                 model.add_callback(event, fn)
@@ -257,6 +309,20 @@ def report_setup_failure(spec: RunSpec, log: RunLog, error: BaseException) -> in
     return code
 
 
+def _drop_truncated(spec: RunSpec, log: RunLog) -> None:
+    """A save cut short by a full disk leaves a truncated checkpoint: it can never load, so remove it."""
+    from rocm_yolo import checkpoints
+
+    for path in (spec.paths.last, spec.paths.best):
+        reason = checkpoints.verify(path) if path.exists() else None
+        if reason is not None:
+            try:
+                path.unlink()
+                log.info(f"removed {path}: its save was cut short ({reason})")
+            except OSError:
+                pass
+
+
 def _raised_by_rocm_yolo(error: BaseException) -> bool:
     import traceback
 
@@ -268,6 +334,7 @@ def report_training_failure(spec: RunSpec, log: RunLog, error: BaseException) ->
     """An error during training: a full or read-only disk stops the run, a rocm-yolo bug is
     reported as one, anything else is a crash the supervisor restarts on a safer profile."""
     if errors.is_disk_error(error):
+        _drop_truncated(spec, log)  # frees the space they hold for the reports that follow
         return _say_setup_error(spec, log, error, errors.classify(error).line)
     if isinstance(error, BUG_TYPES) and _raised_by_rocm_yolo(error):
         return report_setup_failure(spec, log, error)  # classified internal: not retried

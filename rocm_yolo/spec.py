@@ -30,6 +30,7 @@ class RunSpec:
     env: dict = field(default_factory=dict)  # environment the profile sets (user's own variables win)
     resume: str | None = None  # checkpoint to resume from
     conv: str = "auto"
+    checkpoint_every: str = "10m"  # mid-epoch checkpoints: Ns, Nm, Nh, Nba or 0 (rocm_yolo.checkpoints.parse_interval)
     attempt: int = 1
     notes: tuple[str, ...] = ()  # lines for the header (e.g. warnings from resolving the profile)
 

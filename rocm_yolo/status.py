@@ -33,7 +33,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict:
     sup = read_state(run_dir) or {}
     info: dict = {"run_dir": str(run_dir), "state": sup.get("state", "unknown"), "profile": sup.get("profile"),
                   "restarts": sup.get("restarts", 0), "hangs": len(sup.get("hangs", [])),
-                  "lost_seconds": sup.get("lost_seconds", 0.0)}
+                  "lost_seconds": sup.get("lost_seconds", 0.0), "recoveries": sup.get("recoveries") or []}
     if sup.get("state") == "running" and not _alive(sup.get("supervisor_pid")):
         info["state"] = "stopped"  # the supervisor is gone without writing a final state (killed -9?)
     if hb is not None:
@@ -57,7 +57,24 @@ def render(info: dict) -> str:
         lines.append(f"speed:     {info['it_s']:.2f} it/s" + (f", ETA {_hms(eta)}" if eta is not None else ""))
         lines.append(f"heartbeat: {info['heartbeat_age']:.0f} s ago (attempt {info['attempt']}, profile {info['profile']})")
     lines.append(f"hangs:     {info['hangs']}, {info['lost_seconds']:.0f} s lost")
+    for r in info.get("recoveries") or []:
+        lines.append(f"restart:   {_recovery(r)}")
     return "\n".join(lines)
+
+
+def _recovery(r: dict) -> str:
+    """One restart: what failed where, where the next attempt resumed and what it trained again."""
+    def at(position):
+        return f"epoch {position[0]}, batch {position[1]:,}" if position else "start-up"
+
+    text = f"attempt {r.get('attempt')}: {r.get('cause')} at {at(r.get('lost_at'))}"
+    if r.get("resumed_at"):
+        text += f", resumed at {at(r['resumed_at'])}" + (f" from {r['checkpoint']}" if r.get("checkpoint") else "")
+    if r.get("retrained_batches") is not None:
+        text += f", {r['retrained_batches']:,} batches trained again"
+    seconds = [f"{r[k]:.0f} s {label}" for k, label in (("detect_seconds", "to detect"), ("restart_seconds", "to restart"),
+                                                         ("retrain_seconds", "retraining")) if r.get(k)]
+    return text + (f" ({', '.join(seconds)})" if seconds else "")
 
 
 def _hms(seconds: float) -> str:

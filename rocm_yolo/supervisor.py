@@ -41,6 +41,7 @@ from rocm_yolo.log import RunLog
 from rocm_yolo.paths import RunPaths
 from rocm_yolo.profiles import DEFAULT_LADDER, next_profile, resolve
 from rocm_yolo.spec import RunSpec
+from rocm_yolo.worklost import WorkLost
 
 
 class State(str, Enum):
@@ -94,8 +95,9 @@ class RunResult:
     attempts: int = 1
     restarts: int = 0
     hangs: list = field(default_factory=list)
-    lost_seconds: float = 0.0
+    lost_seconds: float = 0.0  # to hangs: detection + restart + batches trained again
     wall_seconds: float = 0.0
+    recoveries: list = field(default_factory=list)  # one record per restart (rocm_yolo.worklost)
 
     @property
     def last(self) -> Path:
@@ -208,12 +210,15 @@ class Supervisor:
         self.result = RunResult(state=State.RUNNING, exit_code=errors.FAILED, run_dir=spec.run_dir)
         self.started_wall = time.time()
         self._recovering_since: float | None = None
+        self._failed_at = 0.0  # when the last attempt was found stalled or crashed (clock)
         self._state_error = False
+        self.work = WorkLost()
         previous = read_state(spec.run_dir) if user_resume else None
         if previous:  # a resumed run keeps its history of hangs and restarts
             self.result.hangs = list(previous["hangs"])
             self.result.restarts = previous["restarts"]
             self.result.lost_seconds = previous["lost_seconds"]
+            self.result.recoveries = [r for r in previous.get("recoveries") or [] if isinstance(r, dict)]
 
     # signals -------------------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
@@ -244,6 +249,10 @@ class Supervisor:
                 if left:
                     self.log.event("leftover", f"processes still alive after SIGKILL (stuck in the kernel?): {left}",
                                    pids=left)
+            if outcome in (State.STALLED, State.CRASHED):
+                cut = self.work.failed("hang" if outcome == State.STALLED else "crash", self._failed_at,
+                                       self.result.hangs[-1]["stalled_seconds"] if outcome == State.STALLED else 0.0)
+                self._retrained(cut)
             if outcome == State.SUCCEEDED:
                 self._drop_good_copy(spec)
                 return self._finish(State.FINISHED, spec)
@@ -278,7 +287,9 @@ class Supervisor:
 
     def _cannot_start(self, spec: RunSpec, error: OSError) -> RunResult:
         reason = errors.classify(error).line if errors.is_disk_error(error) else errors.one_line(error)
-        self.log.event("setup_error", f"cannot start the training process: {reason}", error=reason)
+        self.log.event("setup_error", f"environment error: cannot start the training process: {reason}; not retrying",
+                       error=reason)
+        self._state_error = errors.is_disk_error(error)  # the line above says it: no second one about supervisor.json
         self._say_what_is_kept(spec)
         return self._finish(State.SETUP_FAILED, spec)
 
@@ -287,10 +298,8 @@ class Supervisor:
         paths = spec.paths
         kept = next((p for p in (paths.last, paths.last_good) if checkpoints.verify(p) is None), None)
         if kept is not None:
-            self.log.info(f"not restarting; the last loadable checkpoint is {kept}: once fixed, continue with "
+            self.log.info(f"the last loadable checkpoint is {kept}: once that is fixed, continue with "
                           f"rocm-yolo train --resume {paths.last}")
-        else:
-            self.log.info("not restarting: a restart would meet the same error")
 
     def _watch(self, child, spec: RunSpec) -> tuple[State, str]:
         detector = StallDetector(self.config, self.clock())
@@ -303,14 +312,16 @@ class Supervisor:
             if rc is not None:
                 if rc in EXIT_STATES:
                     return EXIT_STATES[rc], ""
+                self._failed_at = now
                 self.log.event("crash", f"training process exited with code {rc} (attempt {spec.attempt})",
                                code=rc, attempt=spec.attempt)
                 return State.CRASHED, f"training process exited with code {rc}"
             hb = child.heartbeat()
             if detector.observe(hb, now):
+                self._retrained(self.work.observe(hb, now))
                 if state == State.STARTING and hb.batches_total > 0:
                     state = State.HEALTHY
-                    self._note_recovered(now, spec, child.pid)
+                    self._note_recovered(now, spec, child.pid, hb)
             if self.config.enabled and detector.stalled(now):
                 return State.STALLED, self._on_stall(child, spec, detector, hb, now)
             self.sleep(self.config.poll_interval)
@@ -332,23 +343,38 @@ class Supervisor:
                                   "phase": hb.phase if hb else None, "stalled_seconds": round(stalled, 1),
                                   "stacks": str(path) if path else None, "detected": time.time()})
         self.result.lost_seconds += stalled
-        self._recovering_since = now
+        self._recovering_since = self._failed_at = now
         self.log.event("kill", f"stopping the training process tree (pid {child.pid})", pid=child.pid)
         return f"hang at {where}"
 
-    def _note_recovered(self, now: float, spec: RunSpec, child_pid: int) -> None:
+    def _note_recovered(self, now: float, spec: RunSpec, child_pid: int, hb: Heartbeat) -> None:
         since = self._recovering_since
         if since is not None:
             self.result.lost_seconds += now - since
             self._recovering_since = None
+        record = self.work.resumed(hb, spec.attempt, Path(spec.resume).name if spec.resume else None, now)
+        if record is not None:
+            self.result.recoveries.append(record)
+            if record["retrained_batches"] is not None:
+                at = record["resumed_at"]
+                self.log.event("retraining", f"attempt {spec.attempt} resumed at epoch {at[0]}, batch {at[1]:,}: "
+                               f"{record['retrained_batches']:,} batch(es) to train again",
+                               attempt=spec.attempt, batches=record["retrained_batches"])
+            self._retrained(None if record.get("retrained_batches") and self.work.retraining else record)
+        if since is not None or record is not None:
             self._write_state(State.RUNNING, spec, child_pid=child_pid)
+
+    def _retrained(self, record: dict | None) -> None:
+        """A restart's retraining is over: a hang's time lost includes it."""
+        if record is not None and record.get("cause") == "hang":
+            self.result.lost_seconds += record.get("retrain_seconds") or 0.0
 
     def _next_spec(self, spec: RunSpec) -> RunSpec:
         profile = next_profile(spec.profile, self.config.ladder)
         resolved = resolve(profile, spec.loader.workers)
         resume = None
         try:
-            path, note = checkpoints.choose_resume(spec.paths.last)
+            path, note = checkpoints.choose_resume_point(spec.paths.last)
             resume = str(path)
             if note:
                 self.log.info(note)
@@ -370,6 +396,8 @@ class Supervisor:
                 os.replace(good, last)
             elif checkpoints.verify(last) is None:
                 good.unlink(missing_ok=True)
+            if checkpoints.verify(last) is None:  # mid-epoch checkpoints of a finished run: nothing to continue
+                checkpoints.remove_mid_checkpoints(spec.paths)
         except OSError as e:  # housekeeping only: the weights are there either way
             self.log.info(f"could not tidy {good}: {e.strerror or e}")
 
@@ -388,7 +416,7 @@ class Supervisor:
         name = proctree.signal_name(self.interrupted) if self.interrupted else "signal"
         last = spec.paths.last
         self.log.event("interrupted", f"stopped by {name}; the training process tree is gone", signal=name)
-        if last.exists():
+        if last.exists() or spec.paths.mid_checkpoints():
             self.log.info(f"resume with: rocm-yolo train --resume {last}")
         return self._finish(State.INTERRUPTED, spec, code)
 
@@ -403,6 +431,7 @@ class Supervisor:
             "max_restarts": self.config.max_restarts,
             "hangs": self.result.hangs,
             "lost_seconds": round(self.result.lost_seconds, 1),
+            "recoveries": self.result.recoveries,
             "started": self.started_wall,
             "updated": time.time(),
         }

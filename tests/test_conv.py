@@ -15,7 +15,8 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from rocm_yolo.patches.conv import STRATEGIES, PicklableConvForward, install, installed_strategy, uninstall
+from rocm_yolo.conv_strategies import PER_OP, STRATEGIES
+from rocm_yolo.patches.conv import PicklableConvForward, install, installed_strategy, uninstall
 
 TORCH_CONV_FORWARD = nn.Conv2d.__dict__["_conv_forward"]
 
@@ -73,7 +74,7 @@ GRID = [
 ]
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", PER_OP)
 @pytest.mark.parametrize("case", GRID, ids=[str(i) for i in range(len(GRID))])
 def test_strategy_matches_native(strategy, case):
     cin, cout, k, s, p, d, g, bias, mode = case
@@ -89,7 +90,7 @@ def test_strategy_matches_native(strategy, case):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", PER_OP)
 def test_unbatched_input(strategy):
     conv = nn.Conv2d(3, 5, 3, padding=1)
     x = torch.randn(3, 8, 8)
@@ -133,7 +134,60 @@ def test_aten_keeps_cudnn_off_in_forward_and_backward():
     assert torch.backends.cudnn.enabled == before  # and nothing else leaks out
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_miopen_off_keeps_cudnn_off_for_conv_and_batchnorm(monkeypatch):
+    """ATen picks MIOpen (cuDNN) for convolutions and BatchNorm only while the global flag is on:
+    ``at::convolution``/``convolution_backward`` read it from the context, ``F.batch_norm`` passes
+    it as ``cudnn_enabled``. Under miopen-off it is off for every one of them, in training and in
+    (fused and unfused) evaluation, and the patch leaves Conv2d itself alone."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.SiLU(),
+                          nn.Conv2d(8, 8, 3, padding=1, groups=8))
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    before = torch.backends.cudnn.enabled
+    install("miopen-off")
+    assert nn.Conv2d.__dict__["_conv_forward"] is TORCH_CONV_FORWARD
+    bn_cudnn_enabled = []  # the last argument F.batch_norm hands to torch.batch_norm
+    torch_batch_norm = torch.batch_norm
+
+    def batch_norm(*args):
+        bn_cudnn_enabled.append(args[-1])
+        return torch_batch_norm(*args)
+
+    monkeypatch.setattr(torch, "batch_norm", batch_norm)
+    ops = OpRecorder()
+    with ops:
+        model.train()
+        model(x).square().mean().backward()
+        model.eval()
+        with torch.inference_mode():
+            model(x.detach())
+    for op in ("convolution", "convolution_backward", "native_batch_norm", "native_batch_norm_backward"):
+        assert ops.cudnn_during[op] is False, op
+    assert bn_cudnn_enabled == [False, False]  # the training and the evaluation BatchNorm
+    uninstall()
+    assert torch.backends.cudnn.enabled == before
+
+
+def test_miopen_off_restores_the_flag_it_found():
+    install("miopen-off")
+    install("miopen-off")  # idempotent: the flag it restores is still the user's
+    install("gemm")
+    assert torch.backends.cudnn.enabled is True and installed_strategy() == "gemm"
+    install("miopen-off")
+    assert torch.backends.cudnn.enabled is False
+    uninstall()
+    assert torch.backends.cudnn.enabled is True
+    torch.backends.cudnn.enabled = False  # a user who had switched it off keeps it off
+    try:
+        install("miopen-off")
+        uninstall()
+        assert torch.backends.cudnn.enabled is False
+    finally:
+        torch.backends.cudnn.enabled = True
+    with pytest.raises(ValueError, match="process-wide switch"):
+        PicklableConvForward("miopen-off")
+
+
+@pytest.mark.parametrize("strategy", PER_OP)
 def test_autocast_dtypes_follow_native(strategy):
     """Under autocast (bf16 on CPU) every strategy returns what native returns; fp32 is closer to fp32."""
     torch.manual_seed(0)
@@ -199,7 +253,7 @@ def test_whole_yolo_model_forward_backward_matches(yolo_model):
         x = torch.randn(2, 3, 64, 64, dtype=dtype)
         ref_out, ref_grads = _model_pass(model, x)
         ref_g = torch.cat([g.flatten() for g in ref_grads])
-        for strategy in STRATEGIES[1:]:
+        for strategy in PER_OP[1:]:  # miopen-off runs native's kernels on the CPU: it has its own dispatch test
             install(strategy)
             out, grads = _model_pass(model, x)
             assert len(grads) == len(ref_grads)
@@ -274,7 +328,7 @@ def test_fused_model_is_covered(yolo_model):
 
 
 def test_callable_pickles_by_reference():
-    for strategy in STRATEGIES:
+    for strategy in PER_OP:
         fn = PicklableConvForward(strategy)
         assert pickle.loads(pickle.dumps(fn)) == fn
         assert copy.deepcopy(fn) == fn
@@ -291,17 +345,29 @@ def test_model_under_patch_deepcopies_and_saves_without_the_patch(yolo_model, st
     assert b"PicklableConvForward" not in buf.getvalue()
 
 
+# One real training run, one strategy per epoch (the last one, gemm, also runs the final
+# validation); save_period=1 keeps each epoch's checkpoint as weights/epoch{N}.pt, so every
+# strategy's checkpoint comes out of Ultralytics' own save path (deep-copied EMA, half, pickled).
+EPOCH_STRATEGIES = ("native", "miopen-off", "aten", "fp32", "gemm")
+assert set(EPOCH_STRATEGIES) == set(STRATEGIES)
+
 TRAIN_SCRIPT = """
-import json, sys
+import json, sys, torch
 from rocm_yolo.demo import write_demo
 from rocm_yolo.patches.conv import install, installed_strategy
 from ultralytics import YOLO
-install("gemm")
+order = sys.argv[2].split(",")
+seen = []
+def switch(trainer):
+    install(order[trainer.epoch])
+    seen.append((trainer.epoch, installed_strategy(), torch.backends.cudnn.enabled))
 root = sys.argv[1]
 data = write_demo(f"{root}/demo", train=8, val=4, size=64)
-YOLO("yolo26n.yaml").train(data=str(data), epochs=1, imgsz=32, batch=4, device="cpu", workers=0,
-                            plots=False, project=f"{root}/runs", name="conv", exist_ok=True, verbose=False)
-print(json.dumps({"strategy": installed_strategy(), "data": str(data)}))
+model = YOLO("yolo26n.yaml")
+model.add_callback("on_train_epoch_start", switch)
+model.train(data=str(data), epochs=len(order), imgsz=32, batch=4, device="cpu", workers=0, plots=False,
+            save_period=1, project=f"{root}/runs", name="conv", exist_ok=True, verbose=False)
+print(json.dumps({"strategy": installed_strategy(), "data": str(data), "seen": seen}))
 """
 
 # rocm_yolo cannot be imported in the loading interpreter: the patch must not travel.
@@ -316,13 +382,15 @@ else:
     raise SystemExit("rocm_yolo should not be importable here")
 from pathlib import Path
 from ultralytics import YOLO
-weights, data = sys.argv[1], sys.argv[2]
-model = YOLO(weights)
+data, weights = sys.argv[1], sys.argv[2:]
 image = sorted(Path(data).parent.glob("images/val/*.png"))[0]
-results = model.predict(str(image), imgsz=32, device="cpu", verbose=False)
-assert len(results) == 1
+for path in weights:
+    results = YOLO(path).predict(str(image), imgsz=32, device="cpu", verbose=False)
+    assert len(results) == 1, path
+    print("PREDICTED", Path(path).name)
+model = YOLO(weights[-1])
 metrics = model.val(data=data, imgsz=32, batch=4, device="cpu", workers=0, plots=False, verbose=False,
-                    project=str(Path(weights).parent.parent / "val"), name="plain", exist_ok=True)
+                    project=str(Path(weights[-1]).parent.parent / "val"), name="plain", exist_ok=True)
 assert metrics.box is not None
 print("LOADED-OK")
 """
@@ -330,30 +398,35 @@ print("LOADED-OK")
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A 1-epoch checkpoint trained with the gemm strategy installed (in a subprocess)."""
+    """A 5-epoch run in a subprocess, each epoch under another strategy, every epoch's checkpoint kept."""
     root = tmp_path_factory.mktemp("conv-train")
-    proc = subprocess.run([sys.executable, "-c", TRAIN_SCRIPT, str(root)], capture_output=True, text=True,
-                          timeout=300, cwd=root)
+    proc = subprocess.run([sys.executable, "-c", TRAIN_SCRIPT, str(root), ",".join(EPOCH_STRATEGIES)],
+                          capture_output=True, text=True, timeout=600, cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     info = json.loads(proc.stdout.strip().splitlines()[-1])
     assert info["strategy"] == "gemm"
+    assert [(e, s) for e, s, _ in info["seen"]] == list(enumerate(EPOCH_STRATEGIES))
+    assert [cudnn for _, s, cudnn in info["seen"]] == [s != "miopen-off" for s in EPOCH_STRATEGIES]
     weights = root / "runs" / "conv" / "weights"
     return weights, info["data"]
 
 
-def test_checkpoint_has_no_trace_of_the_patch(trained):
+def test_checkpoint_of_every_strategy_has_no_trace_of_the_patch(trained):
     weights, _ = trained
-    for name in ("last.pt", "best.pt"):
+    names = ["last.pt", "best.pt"] + [f"epoch{e}.pt" for e in range(len(EPOCH_STRATEGIES))]
+    for name in names:
         blob = (weights / name).read_bytes()
-        assert b"rocm_yolo" not in blob and b"PicklableConvForward" not in blob
+        assert b"rocm_yolo" not in blob and b"PicklableConvForward" not in blob, name
 
 
-def test_checkpoint_loads_where_rocm_yolo_is_unimportable(trained, tmp_path):
+def test_checkpoint_of_every_strategy_loads_where_rocm_yolo_is_unimportable(trained, tmp_path):
+    """epoch{N}.pt was saved under EPOCH_STRATEGIES[N]; each predicts in a clean interpreter, last.pt validates."""
     weights, data = trained
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(LOAD_SCRIPT), str(weights / "last.pt"), data],
+    paths = [str(weights / f"epoch{e}.pt") for e in range(len(EPOCH_STRATEGIES))] + [str(weights / "last.pt")]
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(LOAD_SCRIPT), data, *paths],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "LOADED-OK" in proc.stdout
+    assert proc.stdout.count("PREDICTED") == len(paths) and "LOADED-OK" in proc.stdout
 
 
 def test_model_rebuilt_from_checkpoint_is_covered(trained):

@@ -13,7 +13,7 @@ def test_profiles_are_frozen_and_match_the_issue():
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.prefetch_factor = 8
     assert (fast.default_workers, fast.persistent_workers, fast.prefetch_factor, fast.val) == (4, True, 4, True)
-    assert (safe.max_workers, safe.persistent_workers, safe.prefetch_factor, safe.pin_memory, safe.val) == (
+    assert (safe.worker_divisor, safe.persistent_workers, safe.prefetch_factor, safe.pin_memory, safe.val) == (
         2, False, 2, False, False)
     assert dict(safe.env) == {"OMP_NUM_THREADS": "2"}
     assert (single.max_workers, single.val) == (0, True)
@@ -21,18 +21,19 @@ def test_profiles_are_frozen_and_match_the_issue():
         assert "val workers" in dict(p.rows())
 
 
-def test_fast_takes_requested_workers_with_spawn_and_persistence():
+def test_fast_takes_requested_workers_from_the_forkserver_and_persistence():
     r = resolve("fast", 2, cpu_count=8)
-    assert r.loader.workers == 2 and r.loader.start_method == "spawn"
+    assert r.loader.workers == 2 and r.loader.start_method == "forkserver" and not r.loader.start_method_explicit
     assert r.loader.persistent_workers and r.loader.prefetch_factor == 4 and r.val
     assert resolve("fast", None, cpu_count=8).loader.workers == 4
 
 
-def test_safe_caps_workers_and_turns_validation_off():
+def test_safe_halves_workers_and_turns_validation_off():
     r = resolve("safe", 8, cpu_count=16)
-    assert r.loader.workers == 2 and not r.loader.persistent_workers and r.loader.prefetch_factor == 2
-    assert r.loader.pin_memory is False and r.val is False and r.env == {"OMP_NUM_THREADS": "2"}
-    assert any("caps workers at 2" in w for w in r.warnings)
+    assert r.loader.workers == 4 and r.loader.val_workers == 4 and not r.loader.persistent_workers
+    assert r.loader.prefetch_factor == 2 and r.loader.pin_memory is False and r.val is False
+    assert r.env == {"OMP_NUM_THREADS": "2"} and any("workers=8 -> 4" in w for w in r.warnings)
+    assert resolve("safe", 1, cpu_count=16).loader.workers == 1 and resolve("safe", None, cpu_count=16).loader.workers == 2
 
 
 def test_single_has_no_worker_settings_torch_would_reject():
@@ -58,7 +59,7 @@ def test_workers_above_cpu_count_warn_and_cap():
         ({"workers": 0, "overrides": {"persistent_workers": True}}, "persistent_workers=true needs workers > 0"),
         ({"overrides": {"prefetch_factor": 0}}, "prefetch_factor=0 must be >= 1"),
         ({"overrides": {"timeout": -3}}, "must be >= 0"),
-        ({"overrides": {"start_method": "thread"}}, "choose one of spawn"),
+        ({"overrides": {"start_method": "thread"}}, "choose one of forkserver, spawn, fork"),
         ({"overrides": {"persistent_workers": "maybe"}}, "is not a boolean"),
     ],
 )

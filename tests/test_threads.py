@@ -26,7 +26,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 
 from conftest import TINY, Cli, rocm_lines
 from rocm_yolo.errors import UsageError

@@ -1,0 +1,110 @@
+"""Continuing Ultralytics' training loop inside an epoch: the loop's position, read and set.
+
+``BaseTrainer._do_train`` keeps its position in locals: ``i`` from
+``enumerate(self.train_loader)``, ``ni = i + nb * epoch`` (the warm-up counter) and
+``last_opt_step`` (the optimizer steps when ``ni - last_opt_step >= self.accumulate``). A
+callback sees only the trainer, and warm-up recomputes ``self.accumulate`` from ``ni`` before
+that comparison, so no attribute can stand in for them. Two narrow points do:
+
+- **the batch index**: :func:`install` gives ``ultralytics.engine.trainer`` a module-global
+  ``enumerate`` (a module global shadows the builtin for that module's code only). It is the
+  builtin for every call except ``enumerate(loader)`` of the one loader :func:`arm` names,
+  which gets ``enumerate(islice(loader, count), start=start)``: the loop's own ``i``, ``ni``
+  and running-loss arithmetic then continue at batch ``start``. ``_do_train`` calls
+  ``enumerate(self.train_loader)`` twice per epoch (one result is discarded unstarted; the
+  loader's ``__iter__`` is a generator, so that costs nothing), so the offset stays armed
+  until :func:`disarm`, at the first batch.
+- **other locals**: :func:`loop_frame` finds the running ``_do_train`` frame by walking up
+  from a callback; :func:`set_local` writes one of its locals (``frame.f_locals`` is a
+  write-through proxy from Python 3.13 on; before that the snapshot is written back with
+  ``PyFrame_LocalsToFast``) and reads it back to check.
+
+:func:`install` is idempotent and :func:`uninstall` removes the global again.
+"""
+
+from __future__ import annotations
+
+import builtins
+import ctypes
+import itertools
+import sys
+from types import FrameType
+
+LOOP_FUNCTION = "_do_train"
+LOOP_LOCALS = ("i", "ni", "nb", "epoch", "last_opt_step")  # the locals rocm-yolo reads or sets
+
+_module = None  # ultralytics.engine.trainer while installed
+_armed: tuple | None = None  # (loader, start, count)
+
+
+def _enumerate(iterable, start=0):
+    armed = _armed
+    if armed is not None and iterable is armed[0] and start == 0:
+        return builtins.enumerate(itertools.islice(iterable, armed[2]), start=armed[1])
+    return builtins.enumerate(iterable, start)
+
+
+def install() -> None:
+    global _module
+    import ultralytics.engine.trainer as module
+
+    if module.__dict__.get("enumerate") is not _enumerate:
+        module.enumerate = _enumerate
+    _module = module
+
+
+def uninstall() -> None:
+    global _module, _armed
+    if _module is not None and _module.__dict__.get("enumerate") is _enumerate:
+        del _module.enumerate
+    _module, _armed = None, None
+
+
+def installed() -> bool:
+    return _module is not None and _module.__dict__.get("enumerate") is _enumerate
+
+
+def arm(loader, start: int, count: int) -> None:
+    """The next ``enumerate(loader)`` calls in the trainer module yield ``count`` batches numbered from ``start``."""
+    global _armed
+    _armed = (loader, start, count)
+
+
+def disarm() -> None:
+    global _armed
+    _armed = None
+
+
+def armed() -> bool:
+    return _armed is not None
+
+
+def loop_frame(trainer) -> FrameType | None:
+    """The ``_do_train`` frame running ``trainer``, found from a callback it called; None outside it."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == LOOP_FUNCTION and frame.f_locals.get("self") is trainer:
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def read_locals(frame: FrameType, names=LOOP_LOCALS) -> dict:
+    """The values of ``names`` in ``frame`` (missing ones left out), without keeping the others alive."""
+    snapshot = frame.f_locals
+    values = {name: snapshot[name] for name in names if name in snapshot}
+    if sys.version_info < (3, 13):
+        snapshot.clear()  # a cache of the frame's locals (e.g. the batch): do not hold them past this call
+    return values
+
+
+def set_local(frame: FrameType, name: str, value) -> None:
+    """Set local ``name`` of a running ``frame``; RuntimeError if it did not take."""
+    if sys.version_info >= (3, 13):
+        frame.f_locals[name] = value  # PEP 667: a write-through proxy
+    else:
+        snapshot = frame.f_locals
+        snapshot[name] = value
+        ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(frame), ctypes.c_int(0))
+    if read_locals(frame, (name,)).get(name) != value:
+        raise RuntimeError(f"could not set {name} in {frame.f_code.co_name}")

@@ -1,0 +1,71 @@
+"""Imported by the fork server (see rocm_yolo.forkserver) once, before it forks any worker.
+
+It ties the server's life to the trainer's, imports what a DataLoader worker needs to
+unpickle an Ultralytics dataset and run it, and records the server's state: how many
+threads it has and whether it holds any GPU device file (it must hold none).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from rocm_yolo import proctree
+from rocm_yolo.forkserver import RUN_DIR_ENV, TRAINER_ENV, record_path
+
+_GPU_DEVICES = ("/dev/kfd", "/dev/dri/", "/dev/nvidia")
+
+
+def _threads() -> list[str]:
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            continue
+    return names
+
+
+def _gpu_files() -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(_GPU_DEVICES):
+            found.append(target)
+    return found
+
+
+def _preload() -> None:
+    trainer = int(os.environ.get(TRAINER_ENV, "0") or 0)
+    proctree.die_with_parent(trainer)  # the server dies with the trainer, even if it is SIGKILLed
+    began = time.monotonic()
+    import torch  # noqa: F401
+    import torch.utils.data  # noqa: F401
+    import ultralytics.data.augment  # noqa: F401
+    import ultralytics.data.build  # noqa: F401
+    import ultralytics.data.dataset  # noqa: F401
+
+    import rocm_yolo.faults  # noqa: F401
+    import rocm_yolo.patches.dataloader  # noqa: F401 - WorkerInit, every worker's worker_init_fn
+
+    import threading
+
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if run_dir:
+        record = {"pid": os.getpid(), "trainer": trainer, "import_seconds": round(time.monotonic() - began, 2),
+                  "python_threads": threading.active_count(), "native_threads": _threads(),
+                  "gpu_files": _gpu_files(), "time": time.time()}
+        try:
+            path = record_path(run_dir)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record))
+        except OSError:
+            pass
+
+
+_preload()

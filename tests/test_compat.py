@@ -1,0 +1,41 @@
+"""The Ultralytics and torch internals rocm-yolo relies on: listed once, checked at start-up."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from rocm_yolo import compat
+from rocm_yolo.errors import SetupError
+
+
+def test_the_installed_versions_meet_every_requirement():
+    assert compat.missing() == [] and compat.check() == []
+
+
+def test_a_missing_essential_internal_is_a_setup_error_naming_version_and_feature(monkeypatch):
+    gone = dataclasses.replace(compat.REQUIREMENTS[1], present=lambda: False)
+    monkeypatch.setattr(compat, "REQUIREMENTS", (gone,) + compat.REQUIREMENTS[2:])
+    with pytest.raises(SetupError) as e:
+        compat.check()
+    text = str(e.value)
+    assert re.search(r"ultralytics \d+\.\d+\.\d+ lacks trainer callbacks", text)
+    assert "the heartbeat and the watchdog" in text and compat.SUPPORTED_ULTRALYTICS in text
+
+
+def test_a_missing_degradable_internal_is_a_warning_saying_which_feature_is_off(monkeypatch):
+    def broken():
+        raise AttributeError("moved")  # a changed internal may fail any way
+
+    reset = next(r for r in compat.REQUIREMENTS if "reset()" in r.what)
+    monkeypatch.setattr(compat, "REQUIREMENTS", (dataclasses.replace(reset, present=broken),))
+    [warning] = compat.check()
+    assert "InfiniteDataLoader.reset()" in warning and "fresh workers every epoch" in warning and "is off" in warning
+
+
+def test_pyproject_declares_the_tested_range():
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert f'"ultralytics{compat.SUPPORTED_ULTRALYTICS}"' in text
