@@ -259,6 +259,7 @@ def hung_threads_run(tmp_path_factory, tiny_data):
     cli.kill_all()
 
 
+@pytest.mark.e2e
 def test_threads_profile_trains_with_no_worker_process(hung_threads_run):
     r = hung_threads_run
     assert r["code"] == 0, r["out"][-4000:]
@@ -280,6 +281,7 @@ def test_threads_profile_trains_with_no_worker_process(hung_threads_run):
     assert r["cli"].leftovers() == []
 
 
+@pytest.mark.e2e
 def test_a_hung_loader_thread_is_caught_and_the_run_finishes_on_single(hung_threads_run):
     r = hung_threads_run
     events = read_events(RunPaths(r["run"]).events)
