@@ -128,11 +128,16 @@ def report(a, results: dict) -> list[str]:
              f"{a.epochs} epochs, val=False, plots=False, {a.rounds} interleaved round(s); mean epoch time of epochs "
              f"{measured[0] + 1}-{measured[-1] + 1} in s (epoch 1: start-up; epoch {a.epochs}: final val), median "
              "(min-max) over rounds; ratios per round, then median (min-max)", "",
-             "| side | epoch s | compared with (same round) |", "| --- | --- | --- |"]
+             "| side | epoch s | compared with (same round) | epoch 1 s (start-up) | epoch 1 - reference's |",
+             "| --- | --- | --- | --- | --- |"]
+    first = {side: [run[0] for run in runs] for side, runs in results.items()}
     for side, runs in mean.items():
-        ratios = [f"{spread([x / y for x, y in zip(runs, mean[ref])], '{:.3f}')} x {label(a, ref)}"
-                  for ref in REFERENCES.get(side, ()) if ref in mean]
-        lines.append(f"| {describe(a, side)} | {spread(runs)} | {'; '.join(ratios) or '-'} |")
+        refs = [ref for ref in REFERENCES.get(side, ()) if ref in mean]
+        ratios = [f"{spread([x / y for x, y in zip(runs, mean[ref])], '{:.3f}')} x {label(a, ref)}" for ref in refs]
+        extra = (f"{spread([x - y for x, y in zip(first[side], first[refs[0]])], '{:+.2f}')} s vs {label(a, refs[0])}"
+                 if refs else "-")
+        lines.append(f"| {describe(a, side)} | {spread(runs)} | {'; '.join(ratios) or '-'} | {spread(first[side])} "
+                     f"| {extra} |")
     lines += ["", "A ratio below 1 means the side is faster than the one it is compared with."]
     return lines
 
