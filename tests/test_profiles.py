@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from rocm_yolo.errors import UsageError
-from rocm_yolo.profiles import PROFILES, next_profile, parse_ladder, resolve
+from rocm_yolo.profiles import DEFAULT_LADDER, PROFILES, next_profile, parse_ladder, resolve
 
 
 def test_profiles_are_frozen_and_match_the_issue():
@@ -88,3 +88,14 @@ def test_fallback_ladder():
     assert next_profile("single", ("fast", "safe", "single")) == "single"
     with pytest.raises(UsageError):
         parse_ladder("fast,warp")
+
+
+def test_the_default_ladder_reaches_threads_then_single():
+    """Each restart steps down once: worker processes, then threads in the trainer, then the bare main thread."""
+    steps, current = [], "fast"
+    for _ in range(4):
+        current = next_profile(current, DEFAULT_LADDER)
+        steps.append(current)
+    assert steps == ["safe", "threads", "single", "single"]
+    assert PROFILES["threads"].threads > 0 and PROFILES["threads"].max_workers == 0  # no worker process
+    assert PROFILES["single"].threads == 0 and PROFILES["single"].max_workers == 0  # nor a loader thread
