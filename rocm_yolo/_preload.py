@@ -44,14 +44,20 @@ def _preload() -> None:
     trainer = int(os.environ.get(TRAINER_ENV, "0") or 0)
     proctree.die_with_parent(trainer)  # the server dies with the trainer, even if it is SIGKILLed
     began = time.monotonic()
-    import torch  # noqa: F401
-    import torch.utils.data  # noqa: F401
-    import ultralytics.data.augment  # noqa: F401
-    import ultralytics.data.build  # noqa: F401
-    import ultralytics.data.dataset  # noqa: F401
+    error = None
+    try:
+        import torch  # noqa: F401
+        import torch.utils.data  # noqa: F401
+        import ultralytics.data.augment  # noqa: F401
+        import ultralytics.data.build  # noqa: F401
+        import ultralytics.data.dataset  # noqa: F401
 
-    import rocm_yolo.faults  # noqa: F401
-    import rocm_yolo.patches.dataloader  # noqa: F401 - WorkerInit, every worker's worker_init_fn
+        import rocm_yolo.faults  # noqa: F401
+        import rocm_yolo.patches.dataloader  # noqa: F401 - WorkerInit, every worker's worker_init_fn
+    except Exception as e:  # noqa: BLE001 - a broken torch: the trainer's own checked import reports it
+        # in one line (a setup error); multiprocessing's server would print a traceback for anything
+        # but an ImportError. Without the preload the server still forks, as a plain fork server.
+        error = f"{type(e).__name__}: {e}".splitlines()[0][:300]
 
     import threading
 
@@ -59,7 +65,7 @@ def _preload() -> None:
     if run_dir:
         record = {"pid": os.getpid(), "trainer": trainer, "import_seconds": round(time.monotonic() - began, 2),
                   "python_threads": threading.active_count(), "native_threads": _threads(),
-                  "gpu_files": _gpu_files(), "time": time.time()}
+                  "gpu_files": _gpu_files(), "time": time.time(), "preload_error": error}
         try:
             path = record_path(run_dir)
             path.parent.mkdir(parents=True, exist_ok=True)

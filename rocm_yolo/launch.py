@@ -223,7 +223,8 @@ def make_spec(
         if profile is None and previous is not None:
             profile = previous.profile
         if workers is None and flags["workers"] is None and previous is not None and profile == previous.profile:
-            flags["workers"] = previous.loader.workers
+            # the run's own request: safe halves it again from that, never from its own halved count
+            flags["workers"] = previous.loader.workers if previous.workers_requested is None else previous.workers_requested
         if previous is not None and profile != previous.profile:
             resume_notes.append(f"resume changes the profile: {previous.profile} -> {profile}")
         elif previous is not None:  # same profile: the user's own settings of that run still hold
@@ -238,7 +239,9 @@ def make_spec(
         if interval is None and previous is not None:
             interval = checkpoints.parse_interval(previous.checkpoint_every)
         if data:
-            data_path, data_notes = _resolve_data(data, task_for_model(last))
+            # the task from the checkpoint; before the first one, from the model the run was started with
+            model_for_task = last if last.exists() or previous is None else previous.model
+            data_path, data_notes = _resolve_data(data, task_for_model(model_for_task))
         else:
             data_path = previous.data if previous else ""
         train_args: dict[str, Any] = {"data": data_path} if data else {}  # a moved data set: say where it is now
@@ -289,6 +292,7 @@ def make_spec(
         conv=conv or "auto",
         checkpoint_every=(interval or checkpoints.parse_interval(checkpoints.DEFAULT_INTERVAL)).text,
         attempt=(previous.attempt + 1) if previous else 1,
+        workers_requested=resolved.requested_workers,
         notes=tuple(notes),
     )
 
@@ -348,10 +352,15 @@ def train(
     """
     from rocm_yolo.profiles import parse_ladder
 
+    if isinstance(fallback, str):
+        ladder = parse_ladder(fallback)
+    elif isinstance(fallback, (tuple, list)) and all(isinstance(x, str) for x in fallback):
+        ladder = parse_ladder(",".join(fallback))
+    else:
+        raise UsageError(f"fallback={fallback!r} must be profile names, e.g. 'fast,safe,threads,single'")
     flags = {k: kwargs.pop(k, None) for k in FLAG_KEYS if k not in ("workers",)}
     spec = make_spec(data, workers=workers, profile=profile, resume=resume, conv=conv,
                      checkpoint_every=checkpoint_every, extra=kwargs, **flags)
-    ladder = parse_ladder(fallback) if isinstance(fallback, str) else tuple(fallback)
     config = WatchdogConfig(enabled=watchdog, max_restarts=max_restarts, ladder=ladder,
                             **{k: v for k, v in (("stall_timeout", stall_timeout), ("startup_grace", startup_grace))
                                if v is not None})

@@ -136,14 +136,27 @@ def set_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
+def _loads_in_process(loader) -> bool:
+    """The loader's dataset object itself loads the samples (``single``): not workers, nor the
+    ``threads`` profile's threads, which load with copies of it (their mosaic buffers are their own)."""
+    from rocm_yolo.patches.threads import ATTRIBUTE
+
+    return loader.num_workers == 0 and getattr(loader, ATTRIBUTE, None) is None
+
+
 def position_mismatch(ckpt: dict | None, args: dict) -> str | None:
-    """Why the mid-epoch position of ``ckpt`` means nothing with the train ``args`` given (batch, imgsz), or None."""
+    """Why the mid-epoch position of ``ckpt`` means nothing with the train ``args`` given (batch, imgsz), or None.
+
+    A value equal to what the checkpoint's run asked for (``requested``: e.g. ``batch=-1`` before
+    AutoBatch chose 16, ``imgsz=600`` before Ultralytics rounded it to 608) or to what it used
+    is no change."""
     state = (ckpt or {}).get(MID_EPOCH_KEY)
     if not state:
         return None
     saved = (ckpt or {}).get("train_args") or {}
+    requested = state.get("requested") or {}
     changed = [f"{key} {saved.get(key)!r} -> {args[key]!r}" for key in ("batch", "imgsz")
-               if key in args and saved.get(key) != args[key]]
+               if key in args and args[key] not in (saved.get(key), requested.get(key, saved.get(key)))]
     return ", ".join(changed) or None
 
 
@@ -156,8 +169,9 @@ class MidEpochCheckpoints:
 
     def __init__(self, paths, log: RunLog, interval: CheckpointInterval, *, attempt: int = 1,
                  on_resumed: tuple[Callable[[int], None], ...] = (), saved_epoch: Callable[[], int | None] = lambda: None,
-                 clock=time.monotonic):
+                 clock=time.monotonic, requested: dict | None = None):
         self.paths = paths
+        self.requested = dict(requested or {})  # batch/imgsz as the run asked for them, before Ultralytics' changes
         self.log = log
         self.interval = interval
         self.attempt = attempt
@@ -258,7 +272,7 @@ class MidEpochCheckpoints:
             return
         self.sampler.resume_next_pass(state["sampler"]["state"], state["sampler"]["skip"],
                                       on_start=lambda: set_rng_states(state["rng"]))
-        if state.get("buffer") and loader.num_workers == 0:
+        if state.get("buffer") and _loads_in_process(loader):
             self._refill_buffer(loader.dataset, state["buffer"])
 
     def _attach(self, loader) -> None:
@@ -418,6 +432,7 @@ class MidEpochCheckpoints:
         bs = sample_order.batch_size(loader)
         state = {
             "format": FORMAT,
+            "requested": self.requested,
             "epoch": trainer.epoch,
             "batch": b,
             "batches": len(loader),
@@ -432,7 +447,7 @@ class MidEpochCheckpoints:
             "stopper": _to_cpu(dict(trainer.stopper.__dict__)),
             "rng": rng_states(),
             "sampler": {"state": order, "skip": b * bs},
-            "buffer": list(getattr(dataset, "buffer", []) or []) if loader.num_workers == 0 else None,
+            "buffer": list(getattr(dataset, "buffer", []) or []) if _loads_in_process(loader) else None,
         }
         return {
             "epoch": trainer.epoch - 1,  # the last completed epoch: Ultralytics' resume starts this one

@@ -177,6 +177,7 @@ class Resolved:
     val: bool
     env: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    requested_workers: int = 0  # what was asked for, before the profile's cap or divisor
 
 
 def get_profile(name: str) -> Profile:
@@ -304,14 +305,23 @@ def resolve(
         start_method_explicit=explicit,
         threads=threads,
     )
-    return Resolved(profile=profile, loader=loader, val=do_val, env=dict(profile.env), warnings=tuple(warnings))
+    return Resolved(profile=profile, loader=loader, val=do_val, env=dict(profile.env), warnings=tuple(warnings),
+                    requested_workers=requested)
 
 
 def next_profile(current: str, ladder: tuple[str, ...]) -> str:
-    """The profile after ``current`` on the fallback ladder (the last one repeats)."""
+    """The profile after ``current`` on the fallback ladder (the last one repeats).
+
+    A profile that is not on the ladder steps down to the first rung that is safer than it in
+    the default order (``--profile threads --fallback fast,safe,single`` goes on to ``single``,
+    never back to worker processes)."""
     if current in ladder:
         i = ladder.index(current)
         return ladder[min(i + 1, len(ladder) - 1)]
+    if current in DEFAULT_LADDER:
+        rank = DEFAULT_LADDER.index(current)
+        safer = [p for p in ladder if p in DEFAULT_LADDER and DEFAULT_LADDER.index(p) > rank]
+        return safer[0] if safer else current  # nothing safer on it: stay (as its last rung would)
     return ladder[0]
 
 

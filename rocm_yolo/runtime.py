@@ -253,8 +253,10 @@ def train(spec: RunSpec, env: Environment, conv_line: str, log: RunLog) -> int:
         injector = faults.Injector(injected, paths)
         groups.append(injector.callbacks())
         listeners.append(injector.resumed_at)
+    requested = {k: spec.train_args[k] for k in ("batch", "imgsz") if k in spec.train_args}
     midepoch = MidEpochCheckpoints(paths, log, checkpoints.parse_interval(spec.checkpoint_every), attempt=spec.attempt,
-                                   on_resumed=tuple(listeners), saved_epoch=lambda: hooks.verified_epoch)
+                                   on_resumed=tuple(listeners), saved_epoch=lambda: hooks.verified_epoch,
+                                   requested=requested)
     groups.append(midepoch.callbacks())  # last: it moves the others' batch counters on a resumed epoch
     clean_temporaries(paths)  # half-written files of a checkpoint write that was killed
     try:

@@ -32,6 +32,7 @@ class RunSpec:
     conv: str = "auto"
     checkpoint_every: str = "10m"  # mid-epoch checkpoints: Ns, Nm, Nh, Nba or 0 (rocm_yolo.checkpoints.parse_interval)
     attempt: int = 1
+    workers_requested: int | None = None  # what the user asked for, before a profile's cap or divisor
     notes: tuple[str, ...] = ()  # lines for the header (e.g. warnings from resolving the profile)
 
     @property

@@ -39,7 +39,7 @@ from rocm_yolo.fsutil import write_atomic
 from rocm_yolo.heartbeat import Heartbeat
 from rocm_yolo.log import RunLog
 from rocm_yolo.paths import RunPaths
-from rocm_yolo.profiles import DEFAULT_LADDER, next_profile, resolve
+from rocm_yolo.profiles import DEFAULT_LADDER, LOADER_KEYS, next_profile, resolve
 from rocm_yolo.spec import RunSpec
 from rocm_yolo.worklost import WorkLost
 
@@ -371,7 +371,8 @@ class Supervisor:
 
     def _next_spec(self, spec: RunSpec) -> RunSpec:
         profile = next_profile(spec.profile, self.config.ladder)
-        resolved = resolve(profile, spec.loader.workers)
+        requested = spec.loader.workers if spec.workers_requested is None else spec.workers_requested
+        resolved = resolve(profile, requested)
         resume = None
         try:
             path, note = checkpoints.choose_resume_point(spec.paths.last)
@@ -381,9 +382,13 @@ class Supervisor:
         except UsageError:
             resume = None  # nothing saved yet: start again in the same directory
         train_args = {**spec.train_args, "exist_ok": True}
+        if profile == spec.profile:  # the last rung repeats: the same settings, the user's overrides included
+            return spec.with_changes(resume=resume, attempt=spec.attempt + 1, train_args=train_args)
         val = spec.val if "val" in spec.user_keys else resolved.val
+        # the new profile's own loader settings: the user's loader overrides were for the old one
+        user_keys = tuple(k for k in spec.user_keys if k not in LOADER_KEYS)
         return spec.with_changes(profile=profile, loader=resolved.loader, val=val, env=resolved.env,
-                                 resume=resume, attempt=spec.attempt + 1, train_args=train_args)
+                                 resume=resume, attempt=spec.attempt + 1, train_args=train_args, user_keys=user_keys)
 
     def _drop_good_copy(self, spec: RunSpec) -> None:
         """A finished run cannot be resumed: its verified resume copy only takes disk space.

@@ -98,6 +98,7 @@ def test_workers_fork_from_a_preloaded_server_that_holds_no_gpu_and_runs_no_thre
     server = json.loads(forkserver.record_path(tmp_path).read_text())
     assert server["pid"] == forkserver.server_pid() and server["trainer"] == os.getpid()
     assert server["gpu_files"] == [] and server["native_threads"] == ["python"]  # nothing to inherit
+    assert server["preload_error"] is None  # torch and Ultralytics really preloaded
     records = [json.loads(line) for line in RunPaths(tmp_path).workers.read_text().splitlines()]
     assert len(records) == 2 and {r["start_method"] for r in records} == {"forkserver"}
     assert {r["ppid"] for r in records} == {server["pid"]} and {r["trainer"] for r in records} == {os.getpid()}

@@ -66,6 +66,42 @@ def test_the_interval_travels_in_the_spec_and_a_resume_keeps_it(tiny_data, tmp_p
     assert default.checkpoint_every == "10m"
 
 
+def test_restarts_and_resumes_start_from_the_users_request_not_from_a_profiles_cut(tiny_data, tmp_path):
+    """safe halves the workers the user asked for, once (not again on every restart or resume);
+    a loader override made for one profile does not follow the run onto the next."""
+    spec = launch.make_spec(str(tiny_data), project=str(tmp_path), model="yolo26n.yaml", workers=4,
+                            extra={"prefetch_factor": 8})
+    assert spec.workers_requested == 4 and "prefetch_factor" in spec.user_keys
+    supervisor = Supervisor(spec, WatchdogConfig(ladder=("fast", "safe")))
+    second = supervisor._next_spec(spec)
+    third = supervisor._next_spec(second)  # the last rung repeats
+    cpus = os.cpu_count() or 1
+    assert second.profile == third.profile == "safe"
+    assert second.loader.workers == third.loader.workers == min(2, cpus)  # half of 4, both times
+    assert "prefetch_factor" not in second.user_keys and second.loader.prefetch_factor == 2  # safe's own
+    second.save()
+    fake_checkpoint(Path(spec.run_dir) / "weights" / "last.pt")
+    resumed = launch.make_spec(resume=str(Path(spec.run_dir) / "weights" / "last.pt"))  # no usage error
+    assert resumed.profile == "safe" and resumed.loader.workers == min(2, cpus) and resumed.workers_requested == 4
+
+
+def test_a_profile_off_the_ladder_steps_down_never_back_to_worker_processes():
+    from rocm_yolo.profiles import next_profile
+
+    assert next_profile("threads", ("fast", "safe", "single")) == "single"
+    assert next_profile("safe", ("fast", "threads")) == "threads"
+    assert next_profile("single", ("fast", "safe")) == "single"  # nothing safer on it: it stays
+
+
+def test_the_python_api_checks_the_ladder_before_it_claims_a_directory(tiny_data, tmp_path):
+    import rocm_yolo
+
+    for bad in ((), ("fast", "warp"), (1, 2)):
+        with pytest.raises(UsageError):
+            rocm_yolo.train(data=str(tiny_data), project=str(tmp_path), fallback=bad, device="cpu")
+    assert not list(tmp_path.iterdir())
+
+
 # --------------------------------------------------------------------------- sample order
 
 
@@ -313,3 +349,19 @@ def test_the_watchdog_resumes_from_the_mid_epoch_checkpoint_and_reports_the_work
     assert result.lost_seconds == pytest.approx(detect + restart + 3, abs=1.5)
     assert read_state(spec.run_dir)["recoveries"] == [record]
     assert paths.mid_checkpoints() == [] and paths.last.exists()  # a finished run keeps no mid-epoch files
+
+
+def test_a_position_survives_autobatch_and_imgsz_rounding_but_not_a_real_change():
+    """Ultralytics stores what it used (AutoBatch's 16 for batch=-1, 608 for imgsz=600): asking again
+    for what the run asked for is no change; another batch or imgsz is."""
+    from rocm_yolo.midepoch import position_mismatch
+
+    ckpt = {"train_args": {"batch": 16, "imgsz": 608},
+            checkpoints.MID_EPOCH_KEY: {"batch": 3, "requested": {"batch": -1, "imgsz": 600}}}
+    assert position_mismatch(ckpt, {"batch": -1, "imgsz": 600}) is None  # a restart asks for the same
+    assert position_mismatch(ckpt, {"batch": 16, "imgsz": 608}) is None  # what it used
+    assert position_mismatch(ckpt, {"batch": 8}) == "batch 16 -> 8"
+    assert position_mismatch(ckpt, {"imgsz": 640}) == "imgsz 608 -> 640"
+    old = {"train_args": {"batch": 16}, checkpoints.MID_EPOCH_KEY: {"batch": 3}}  # written before "requested"
+    assert position_mismatch(old, {"batch": 16}) is None and position_mismatch(old, {"batch": 4}) == "batch 16 -> 4"
+    assert position_mismatch({"train_args": {"batch": 16}}, {"batch": 4}) is None  # not a mid-epoch checkpoint
