@@ -52,3 +52,12 @@ def test_an_ultralytics_outside_the_tested_range_is_a_warning(monkeypatch):
 def test_pyproject_declares_the_tested_range():
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     assert f'"ultralytics{compat.SUPPORTED_ULTRALYTICS}"' in text
+
+
+def test_readme_and_ci_run_the_lowerbound_tests_against_the_lower_bound():
+    root = Path(__file__).resolve().parents[1]
+    low = compat.SUPPORTED_ULTRALYTICS.split(",")[0].lstrip(">=")
+    readme = (root / "README.md").read_text()
+    assert f'"ultralytics=={low}"' in readme and f"ROCM_YOLO_EXPECT_ULTRALYTICS={low} python -m pytest -q -m lowerbound" in readme
+    ci = (root / ".ci" / "run").read_text()  # reads the bound from compat
+    assert "from rocm_yolo.compat import SUPPORTED_ULTRALYTICS" in ci and "python -m pytest -q -m lowerbound" in ci
