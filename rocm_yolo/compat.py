@@ -16,13 +16,18 @@ from __future__ import annotations
 
 import ctypes
 import inspect
+import re
 import sys
 from dataclasses import dataclass
 from typing import Callable
 
 from rocm_yolo.errors import SetupError
 
-SUPPORTED_ULTRALYTICS = ">=8.4.0,<=8.4.190"
+# The oldest release tested (CI runs the lowerbound subset against it) and the newest. Below
+# 8.4.158 InfiniteDataLoader made its iterator in __init__ (mid-epoch resume cannot replay the
+# sample order), below 8.4.104 the running loss was a tensor, below 8.4.8 optimizer=auto took
+# MuSGD for short runs: see README, "Supported versions".
+SUPPORTED_ULTRALYTICS = ">=8.4.158,<=8.4.190"
 
 # The callbacks rocm-yolo registers (heartbeat, hooks, fault injection, mid-epoch checkpoints).
 CALLBACK_EVENTS = ("on_pretrain_routine_start", "on_pretrain_routine_end", "on_train_start", "on_train_epoch_start",
@@ -124,6 +129,22 @@ def _loop_locals() -> bool:
             and "enumerate(self.train_loader)" in _source(_trainer()._do_train))
 
 
+def _lazy_loader_iterator() -> bool:
+    """``InfiniteDataLoader.__init__`` leaves ``iterator`` None: no pass over the data is drawn before the first batch.
+
+    Read from the source, not by building a loader: this is also checked after the DataLoader
+    patch is installed, which would log the loader.
+    """
+    from ultralytics.data.build import InfiniteDataLoader
+
+    return re.search(r"self\.iterator(\s*:[^=\n]+)?\s*=\s*None\b", _source(InfiniteDataLoader.__init__)) is not None
+
+
+def _running_loss_dict() -> bool:
+    """``trainer.tloss`` is a dict of loss tensors (saved and restored with the loop's position)."""
+    return "self.loss_items.items()" in _source(_trainer()._do_train)
+
+
 def _resume_hook() -> bool:
     setup = _source(_trainer()._setup_train)
     return "self.resume_training(ckpt)" in setup and "start_epoch" in _source(_trainer().resume_training)
@@ -165,6 +186,9 @@ REQUIREMENTS = (
     Requirement("BaseTrainer._do_train locals i, ni, nb, epoch, last_opt_step and enumerate(self.train_loader)",
                 MID_EPOCH_FEATURE, False, _loop_locals),
     Requirement("BaseTrainer._setup_train calling self.resume_training(ckpt)", MID_EPOCH_FEATURE, False, _resume_hook),
+    Requirement("InfiniteDataLoader creating its iterator at the first batch (not in __init__)", MID_EPOCH_FEATURE,
+                False, _lazy_loader_iterator),
+    Requirement("BaseTrainer.tloss as a dict of losses", MID_EPOCH_FEATURE, False, _running_loss_dict),
     Requirement("_RepeatSampler(BatchSampler(sampler)) with a seeded generator in build_dataloader",
                 MID_EPOCH_FEATURE, False, _sampler_chain),
     Requirement("CFG_INT_KEYS/CFG_FLOAT_KEYS/CFG_FRACTION_KEYS/CFG_BOOL_KEYS in ultralytics.cfg",
@@ -199,16 +223,35 @@ def missing_for(feature: str) -> list[Requirement]:
     return [r for r in missing() if r.feature == feature]
 
 
+def _release(text: str) -> tuple[int, ...]:
+    """``"8.4.158"`` -> ``(8, 4, 158)`` (a local or pre-release suffix is ignored)."""
+    return tuple(int(part) for part in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def untested(installed: str) -> str | None:
+    """A line saying that Ultralytics ``installed`` is outside :data:`SUPPORTED_ULTRALYTICS`; None inside it."""
+    low, high = (_release(bound.lstrip("<>=")) for bound in SUPPORTED_ULTRALYTICS.split(","))
+    if low <= _release(installed) <= high:
+        return None
+    return (f"ultralytics {installed} is outside the tested range {SUPPORTED_ULTRALYTICS}: the internals rocm-yolo "
+            f"relies on are checked, but this version is untested (pip install 'ultralytics{SUPPORTED_ULTRALYTICS}')")
+
+
 def check() -> list[str]:
-    """Raise :class:`SetupError` for a missing essential internal; the warnings for degradable ones."""
+    """Raise :class:`SetupError` for a missing essential internal; the warnings for degradable ones, and
+    one for an Ultralytics outside the tested range."""
     gone = missing()
     essential = [r for r in gone if r.essential]
     if essential:
         r = essential[0]
         raise SetupError(f"{version(r.owner)} lacks {r.what}, which rocm-yolo needs for {r.feature}: "
                          f"install a supported version (pip install 'ultralytics{SUPPORTED_ULTRALYTICS}')")
-    return [f"{version(r.owner)} lacks {r.what}: {r.feature} is off (supported: ultralytics{SUPPORTED_ULTRALYTICS})"
-            for r in gone]
+    warnings = [f"{version(r.owner)} lacks {r.what}: {r.feature} is off (supported: ultralytics{SUPPORTED_ULTRALYTICS})"
+                for r in gone]
+    import ultralytics
+
+    outside = untested(getattr(ultralytics, "__version__", "?"))
+    return ([outside] if outside else []) + warnings
 
 
 def conv_patchable() -> bool:

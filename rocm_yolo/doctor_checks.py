@@ -121,7 +121,13 @@ def check_versions(opts: Options, gpus: list | None, torch_error: str | None = N
         yield Row("versions.torch", "torch", status, f"{build['torch']}, {label}", fix, data=data)
     ultra = _metadata_version("ultralytics")
     if ultra:
-        yield Row("versions.ultralytics", "Ultralytics", OK, ultra, data={"version": ultra})
+        from rocm_yolo import compat  # imports neither torch nor Ultralytics
+
+        outside = compat.untested(ultra)
+        yield Row("versions.ultralytics", "Ultralytics", WARN if outside else OK,
+                  f"{ultra}, outside the tested range {compat.SUPPORTED_ULTRALYTICS}" if outside else ultra,
+                  f"pip install 'ultralytics{compat.SUPPORTED_ULTRALYTICS}'" if outside else None,
+                  data={"version": ultra, "tested": compat.SUPPORTED_ULTRALYTICS})
     else:
         yield Row("versions.ultralytics", "Ultralytics", FAIL, "not installed", "pip install ultralytics")
     root = _rocm_root(opts)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,8 +18,30 @@ from rocm_yolo.demo import write_demo
 from rocm_yolo.proctree import with_env
 
 TAG_VAR = "ROCM_YOLO_TEST_TAG"
+# .ci/run's lower-bound run sets it to the oldest supported Ultralytics, installed apart and put
+# first on PYTHONPATH: every process the tests start must then really use that version.
+EXPECT_VAR = "ROCM_YOLO_EXPECT_ULTRALYTICS"
+HEADER_ULTRALYTICS = re.compile(r"\| Ultralytics (\S+) \|")  # the run header: "torch ... | Ultralytics X | Python ..."
 # Small enough for a 2-core CPU: 16 train images at imgsz 32, batch 4 -> 4 batches an epoch.
 TINY = ["--model", "yolo26n.yaml", "--device", "cpu", "--imgsz", "32", "--batch", "4", "plots=False"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def expected_ultralytics(tmp_path_factory):
+    """Under ROCM_YOLO_EXPECT_ULTRALYTICS=VERSION, stop at once unless a process started as the tests start
+    rocm-yolo (in another directory: a relative PYTHONPATH would not reach it) imports Ultralytics VERSION.
+    A lower-bound run that tested the venv's own Ultralytics would prove nothing."""
+    want = os.environ.get(EXPECT_VAR)
+    if not want:
+        return None
+    code = "import ultralytics; print(ultralytics.__version__, ultralytics.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path_factory.getbasetemp(), capture_output=True,
+                         text=True, timeout=120)
+    found = (out.stdout.strip().splitlines() or [out.stderr.strip()[-300:]])[-1]
+    if found.split(" ")[0] != want:
+        pytest.exit(f"{EXPECT_VAR}={want}, but the test processes import: {found} "
+                    f"(PYTHONPATH={os.environ.get('PYTHONPATH', '')!r})", returncode=1)
+    return found
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +79,11 @@ class Cli:
             self.kill_all()
             proc.wait()
             raise AssertionError(f"rocm-yolo {' '.join(args)} did not finish in {timeout} s:\n{self.read()[-4000:]}")
-        return subprocess.CompletedProcess(proc.args, proc.returncode, self.read(), "")
+        text = self.read()
+        want = os.environ.get(EXPECT_VAR)
+        if want:  # the training child itself says which Ultralytics it imported
+            assert set(HEADER_ULTRALYTICS.findall(text)) <= {want}, f"{EXPECT_VAR}={want}, but the run says:\n{text[-3000:]}"
+        return subprocess.CompletedProcess(proc.args, proc.returncode, text, "")
 
     def leftovers(self, settle: float = 5.0) -> list[psutil.Process]:
         deadline = time.monotonic() + settle

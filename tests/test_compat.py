@@ -36,6 +36,28 @@ def test_a_missing_degradable_internal_is_a_warning_saying_which_feature_is_off(
     assert "InfiniteDataLoader.reset()" in warning and "fresh workers every epoch" in warning and "is off" in warning
 
 
+def test_an_ultralytics_outside_the_tested_range_is_a_warning(monkeypatch):
+    import ultralytics
+
+    low, high = (bound.lstrip("<>=") for bound in compat.SUPPORTED_ULTRALYTICS.split(","))
+    assert compat.untested(low) is None and compat.untested(high) is None and compat.untested(f"{high}+rocm") is None
+    major, minor, patch = map(int, low.split("."))
+    older = f"{major}.{minor}.{patch - 1}"
+    monkeypatch.setattr(ultralytics, "__version__", older)
+    [warning] = compat.check()
+    assert f"ultralytics {older} is outside the tested range {compat.SUPPORTED_ULTRALYTICS}" in warning
+    assert compat.untested("8.5.0") and compat.untested("?")
+
+
 def test_pyproject_declares_the_tested_range():
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     assert f'"ultralytics{compat.SUPPORTED_ULTRALYTICS}"' in text
+
+
+def test_readme_and_ci_run_the_lowerbound_tests_against_the_lower_bound():
+    root = Path(__file__).resolve().parents[1]
+    low = compat.SUPPORTED_ULTRALYTICS.split(",")[0].lstrip(">=")
+    readme = (root / "README.md").read_text()
+    assert f'"ultralytics=={low}"' in readme and f"ROCM_YOLO_EXPECT_ULTRALYTICS={low} python -m pytest -q -m lowerbound" in readme
+    ci = (root / ".ci" / "run").read_text()  # reads the bound from compat
+    assert "from rocm_yolo.compat import SUPPORTED_ULTRALYTICS" in ci and "python -m pytest -q -m lowerbound" in ci

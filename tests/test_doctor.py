@@ -325,3 +325,14 @@ def test_json_report_is_strict_json():
     rows = [doctor.Row("conv.selftest", "conv", WARN, "x", data={"results": {"native": {"max_err": float("nan")}}})]
     text = json.dumps(doctor.report_dict(rows, doctor.conclusion(rows), 0), allow_nan=False)
     assert json.loads(text)["rows"][0]["data"]["results"]["native"]["max_err"] is None
+
+
+def test_an_ultralytics_outside_the_tested_range_is_a_warning(tmp_path, monkeypatch):
+    from rocm_yolo import compat
+
+    ours = doctor_checks._metadata_version("ultralytics")
+    assert rows_by_check(doctor_checks.check_versions(Options(root=tmp_path), []))["versions.ultralytics"].status == OK
+    monkeypatch.setattr(doctor_checks, "_metadata_version", lambda dist: "8.4.1" if dist == "ultralytics" else ours)
+    row = rows_by_check(doctor_checks.check_versions(Options(root=tmp_path), []))["versions.ultralytics"]
+    assert row.status == WARN and f"outside the tested range {compat.SUPPORTED_ULTRALYTICS}" in row.found
+    assert row.fix == f"pip install 'ultralytics{compat.SUPPORTED_ULTRALYTICS}'"

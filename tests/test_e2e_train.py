@@ -113,6 +113,7 @@ def _wait_for(predicate, timeout, what, proc=None, cli=None):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.lowerbound
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130)])
 def test_interrupt_stops_everything_then_resume_on_a_safer_profile(cli, tiny_data, tmp_path, sig, code):
     run = tmp_path / "runs" / "detect" / "train"
@@ -149,6 +150,7 @@ def test_interrupt_stops_everything_then_resume_on_a_safer_profile(cli, tiny_dat
     assert cli.leftovers() == []
 
 
+@pytest.mark.lowerbound
 def test_the_readme_first_command(tmp_path):
     """`rocm-yolo train demo --epochs 2 --device cpu`, exactly as the README gives it."""
     cli = Cli(tmp_path)

@@ -57,6 +57,7 @@ def stacks(run: Path) -> str:
     return path.read_text()
 
 
+@pytest.mark.lowerbound
 def test_worker_blocking_forever_mid_run(cli, tiny_data, tmp_path):
     run = tmp_path / "runs" / "detect" / "train"
     r = cli.run("train", str(tiny_data), "--epochs", "3", *WATCH, *TINY, env={"ROCM_YOLO_FAULT": "worker-hang@2:1"})
