@@ -218,14 +218,9 @@ def check_data_and_loader(opts: Options, torch_error: str | None = None) -> Iter
         if split == "train":
             train_ok = row.status != FAIL or not report.problems.get("special") and row.data["usable"] > 0
         yield row
-    if "loader" in opts.skip:
-        return
-    if not train_ok:
-        yield from _loader_skipped(opts, "the train split has no usable images or has files that block")
-        return
-    yield from check_loader(opts, {"task": task, "names": spec.names, "channels": spec.channels,
-                                   "kpt_shape": spec.kpt_shape, "train": [str(p) for p in spec.splits["train"]]},
-                            torch_error)
+    yield from _loader_rows(opts, train_ok, {"task": task, "names": spec.names, "channels": spec.channels,
+                                             "kpt_shape": spec.kpt_shape,
+                                             "train": [str(p) for p in spec.splits["train"]]}, torch_error)
 
 
 def check_classify_data(opts: Options, torch_error: str | None = None) -> Iterator[Row]:
@@ -273,13 +268,18 @@ def check_classify_data(opts: Options, torch_error: str | None = None) -> Iterat
         if split in ("train", "all"):
             train_ok = row.status != FAIL or not report.problems.get("special") and row.data["usable"] > 0
         yield row
+    yield from _loader_rows(opts, train_ok, {"task": CLASSIFY, "names": spec.names, "channels": 3,
+                                             "train": [str(splits.get("train", spec.root))]}, torch_error)
+
+
+def _loader_rows(opts: Options, train_ok: bool, data: dict, torch_error: str | None) -> Iterator[Row]:
+    """The loader checks after the data rows: skipped when asked, or when the train split cannot feed a loader."""
     if "loader" in opts.skip:
         return
     if not train_ok:
         yield from _loader_skipped(opts, "the train split has no usable images or has files that block")
         return
-    yield from check_loader(opts, {"task": CLASSIFY, "names": spec.names, "channels": 3,
-                                   "train": [str(splits.get("train", spec.root))]}, torch_error)
+    yield from check_loader(opts, data, torch_error)
 
 
 def _class_problems(split: str, folder: Path, by_class: dict, loose: list, names: set) -> dict[str, list[str]]:

@@ -108,5 +108,17 @@ def cli(tmp_path):
     c.kill_all()  # never leave a training run behind, whatever the test did
 
 
+def wait_for(predicate, timeout, what, proc=None, cli=None):
+    """Poll ``predicate`` until it holds; fail at once if ``proc`` exits first (with the end of ``cli``'s output)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"exited early ({proc.returncode}) waiting for {what}:\n{cli.read()[-3000:]}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def rocm_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("rocm-yolo:")]

@@ -20,7 +20,7 @@ import pytest
 from rocm_yolo import checkpoints, heartbeat
 from rocm_yolo.log import read_events
 from rocm_yolo.paths import GOOD_NAME, RunPaths
-from conftest import TINY, Cli, rocm_lines
+from conftest import TINY, Cli, rocm_lines, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -102,24 +102,13 @@ def test_safe_profile_gives_fresh_workers_every_epoch(cli, tiny_data, tmp_path):
     assert cli.leftovers() == []
 
 
-def _wait_for(predicate, timeout, what, proc=None, cli=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"exited early ({proc.returncode}) waiting for {what}:\n{cli.read()[-3000:]}")
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.lowerbound
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130)])
 def test_interrupt_stops_everything_then_resume_on_a_safer_profile(cli, tiny_data, tmp_path, sig, code):
     run = tmp_path / "runs" / "detect" / "train"
     weights = run / "weights"
     proc = cli.start("train", str(tiny_data), "--workers", "2", "--epochs", "4", *TINY)
-    _wait_for(lambda: (weights / GOOD_NAME).exists(), 180, "the first verified checkpoint", proc, cli)
+    wait_for(lambda: (weights / GOOD_NAME).exists(), 180, "the first verified checkpoint", proc, cli)
     t0 = time.monotonic()
     proc.send_signal(sig)
     time.sleep(0.3)
@@ -171,7 +160,7 @@ def test_supervisor_killed_with_sigkill_leaves_no_process(cli, tiny_data, tmp_pa
     run = tmp_path / "runs" / "detect" / "train"
     proc = cli.start("train", str(tiny_data), "--workers", "2", "--epochs", "300", *TINY)
     beat = RunPaths(run).heartbeat
-    _wait_for(lambda: getattr(heartbeat.read(beat), "batches_total", 0) > 0, 180, "training", proc, cli)
+    wait_for(lambda: getattr(heartbeat.read(beat), "batches_total", 0) > 0, 180, "training", proc, cli)
     assert len(cli.leftovers(settle=0)) >= 4  # the CLI, the trainer, 2 workers (and the resource tracker)
     status = subprocess.run([sys.executable, "-m", "rocm_yolo", "status", str(run)], capture_output=True, text=True)
     assert status.returncode == 0 and "state:     running" in status.stdout

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import TINY, Cli, rocm_lines
+from conftest import TINY, Cli, rocm_lines, wait_for
 from rocm_yolo import checkpoints, cli as cli_module, errors, launch, ownership, proctree
 from rocm_yolo.errors import UsageError
 from rocm_yolo.paths import RunPaths
@@ -175,22 +175,11 @@ def test_helper_children_die_with_their_parent(tmp_path):
 # --------------------------------------------------------------------------- end to end
 
 
-def _wait_for(predicate, timeout, what, proc=None, cli=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"exited early ({proc.returncode}) waiting for {what}:\n{cli.read()[-3000:]}")
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.e2e
 def test_a_concurrent_resume_is_refused_and_the_live_run_finishes_intact(cli, tiny_data, tmp_path):
     paths = RunPaths(tmp_path / "runs" / "detect" / "train")
     live = cli.start("train", str(tiny_data), "--epochs", "3", "--workers", "1", *TINY)
-    _wait_for(lambda: paths.last_good.exists(), 180, "the first checkpoint", live, cli)
+    wait_for(lambda: paths.last_good.exists(), 180, "the first checkpoint", live, cli)
     second = Cli(tmp_path)
     for args in (["--resume", str(paths.last)], [str(tiny_data), "--name", "train", "exist_ok=True", *TINY]):
         r = second.run("train", *args, timeout=60)
