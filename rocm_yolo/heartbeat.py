@@ -74,15 +74,18 @@ def read(path: str | os.PathLike) -> Heartbeat | None:
 
 
 class PipeReader:
-    """The supervisor's end of the heartbeat pipe: the newest complete record, without blocking."""
+    """The supervisor's end of the heartbeat pipe: the complete records written since the last read, without blocking.
+
+    Every record counts, not only the newest: the first batch after a resume, say, tells where
+    the attempt started, and a short rest of an epoch can be trained between two reads.
+    """
 
     def __init__(self, fd: int):
         self.fd = fd
         os.set_blocking(fd, False)
         self.pending = b""
-        self.latest: Heartbeat | None = None
 
-    def read(self) -> Heartbeat | None:
+    def read(self) -> list[Heartbeat]:
         while self.fd >= 0:
             try:
                 chunk = os.read(self.fd, 65536)
@@ -95,12 +98,8 @@ class PipeReader:
                 break
             self.pending += chunk
         *lines, self.pending = self.pending.split(b"\n")
-        for line in reversed(lines):
-            hb = parse(line.decode("utf-8", "replace"))
-            if hb is not None:
-                self.latest = hb
-                break
-        return self.latest
+        beats = (parse(line.decode("utf-8", "replace")) for line in lines)
+        return [hb for hb in beats if hb is not None]
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -179,9 +179,9 @@ class ChildProcess:
     def poll(self) -> int | None:
         return self.proc.poll()
 
-    def heartbeat(self) -> Heartbeat | None:
-        hb = self.beats.read()
-        return hb if hb is not None and hb.pid == self.pid else None
+    def heartbeats(self) -> list[Heartbeat]:
+        """This child's heartbeats since the last call, oldest first."""
+        return [hb for hb in self.beats.read() if hb.pid == self.pid]
 
     def dump_stacks(self, out: Path) -> Path:
         return proctree.dump_stacks(self.pid, self.spec.paths.stacks, out)
@@ -304,6 +304,7 @@ class Supervisor:
     def _watch(self, child, spec: RunSpec) -> tuple[State, str]:
         detector = StallDetector(self.config, self.clock())
         state = State.STARTING
+        hb: Heartbeat | None = None  # the newest heartbeat of this attempt
         while True:
             if self.interrupted is not None:
                 return State.INTERRUPTED, ""
@@ -316,12 +317,12 @@ class Supervisor:
                 self.log.event("crash", f"training process exited with code {rc} (attempt {spec.attempt})",
                                code=rc, attempt=spec.attempt)
                 return State.CRASHED, f"training process exited with code {rc}"
-            hb = child.heartbeat()
-            if detector.observe(hb, now):
-                self._retrained(self.work.observe(hb, now))
-                if state == State.STARTING and hb.batches_total > 0:
-                    state = State.HEALTHY
-                    self._note_recovered(now, spec, child.pid, hb)
+            for hb in child.heartbeats():  # all of them: the first trained batch tells where a resume started
+                if detector.observe(hb, now):
+                    self._retrained(self.work.observe(hb, now))
+                    if state == State.STARTING and hb.batches_total > 0:
+                        state = State.HEALTHY
+                        self._note_recovered(now, spec, child.pid, hb)
             if self.config.enabled and detector.stalled(now):
                 return State.STALLED, self._on_stall(child, spec, detector, hb, now)
             self.sleep(self.config.poll_interval)

@@ -306,12 +306,11 @@ class Scripted:
     def poll(self):
         return 0 if self.exit_at is not None and self.clock() >= self.exit_at else None
 
-    def heartbeat(self):
-        shown = None
-        for t, hb in self.beats:
-            if t <= self.clock():
-                shown = hb
-        return shown
+    def heartbeats(self):
+        """The scripted heartbeats due since the last call, as the pipe gives them."""
+        due = [hb for t, hb in self.beats if t <= self.clock()]
+        new, self.seen = due[getattr(self, "seen", 0):], len(due)
+        return new
 
     def dump_stacks(self, out):
         out.write_text("stacks")
@@ -349,6 +348,24 @@ def test_the_watchdog_resumes_from_the_mid_epoch_checkpoint_and_reports_the_work
     assert result.lost_seconds == pytest.approx(detect + restart + 3, abs=1.5)
     assert read_state(spec.run_dir)["recoveries"] == [record]
     assert paths.mid_checkpoints() == [] and paths.last.exists()  # a finished run keeps no mid-epoch files
+
+
+def test_a_resume_that_finishes_between_two_polls_still_says_where_it_resumed(spec):
+    """The rest of the epoch, validation and the end can all come down the pipe between two polls
+    (a short rest, fast batches): the supervisor reads every record, not only the newest."""
+    now = [0.0]
+    clock = lambda: now[0]  # noqa: E731
+    fake_checkpoint(spec.paths.mid_checkpoint(2, 10))
+    hung = Scripted(clock, {5: beat(1, 2, 8, 8), 6: beat(2, 2, 14, 14)}, pid=100)
+    rest = [beat(k, 2, 10 + k, k, pid=101) for k in range(1, 15)] + [beat(15, 2, 3, 14, phase="val", pid=101),
+                                                                     beat(16, 2, 3, 14, phase="done", pid=101)]
+    fast = Scripted(clock, {100.5 + k / 100: hb for k, hb in enumerate(rest)}, pid=101, exit_at=102)
+    children = iter([hung, fast])
+    config = WatchdogConfig(stall_timeout=60, startup_grace=300, max_restarts=2, poll_interval=1)
+    sup = Supervisor(spec, config, child_factory=lambda s, c: next(children), clock=clock,
+                     sleep=lambda dt: now.__setitem__(0, now[0] + dt), log=RunLog(stream=open(os.devnull, "w")))
+    [record] = sup.run().recoveries
+    assert record["resumed_at"] == [2, 10] and record["retrained_batches"] == 4 and record["cause"] == "hang"
 
 
 def test_a_position_survives_autobatch_and_imgsz_rounding_but_not_a_real_change():

@@ -286,8 +286,11 @@ def test_a_heartbeat_file_that_cannot_be_written_is_said_once_and_still_heard(tm
     for _ in range(3):
         writer.on_train_batch_end(trainer)
     writer.on_train_end(trainer)
-    hb = reader.read()
-    assert hb is not None and hb.phase == "done" and hb.batches_total == 3 and hb.seq == writer.seq
+    beats = reader.read()
+    assert [hb.phase for hb in beats] == ["setup", "train", "train", "done"]  # the first batch forced, then ≤1/s
+    assert [hb.seq for hb in beats] == sorted({hb.seq for hb in beats}), "every record, in order"
+    hb = beats[-1]
+    assert hb.batches_total == 3 and hb.seq == writer.seq and reader.read() == []
     assert len(said) == 1 and "cannot write the heartbeat file" in said[0]
     os.close(write_end)
     reader.close()

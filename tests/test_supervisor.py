@@ -46,12 +46,11 @@ class Script:
     def poll(self):
         return self.code if self.exit_at is not None and self.clock() >= self.exit_at else None
 
-    def heartbeat(self):
-        shown = None
-        for t, hb in self.events:
-            if t <= self.clock():
-                shown = hb
-        return shown
+    def heartbeats(self):
+        """The scripted heartbeats due since the last call, as the pipe gives them."""
+        due = [hb for t, hb in self.events if t <= self.clock()]
+        new, self.seen = due[getattr(self, "seen", 0):], len(due)
+        return new
 
     def dump_stacks(self, out: Path) -> Path:
         self.dumped = True
