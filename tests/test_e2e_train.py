@@ -20,7 +20,7 @@ import pytest
 from rocm_yolo import checkpoints, heartbeat
 from rocm_yolo.log import read_events
 from rocm_yolo.paths import GOOD_NAME, RunPaths
-from conftest import TINY, Cli, rocm_lines
+from conftest import HEADER_ULTRALYTICS, TINY, Cli, rocm_lines
 
 pytestmark = pytest.mark.e2e
 
@@ -162,6 +162,9 @@ def test_the_readme_first_command(tmp_path):
     assert not (run / "weights" / GOOD_NAME).exists()  # a finished run keeps no resume copy
     assert (tmp_path / "demo" / "demo.yaml").is_file()
     assert "profile fast | start method forkserver (preloaded)" in r.stdout
+    # the workers' fork server imported the trainer's Ultralytics (in the lower-bound run, Cli checks that one)
+    server = json.loads((RunPaths(run).state / "forkserver.json").read_text())
+    assert [server["ultralytics"]] == HEADER_ULTRALYTICS.findall(r.stdout)
     assert cli.leftovers() == []
     s = subprocess.run([sys.executable, "-m", "rocm_yolo", "status", str(run)], capture_output=True, text=True)
     assert s.returncode == 0 and "state:     finished" in s.stdout and "epoch 2/2" in s.stdout
