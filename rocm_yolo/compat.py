@@ -26,7 +26,7 @@ from rocm_yolo.errors import SetupError
 # The oldest release tested (CI runs the lowerbound subset against it) and the newest. Below
 # 8.4.158 InfiniteDataLoader made its iterator in __init__ (mid-epoch resume cannot replay the
 # sample order), below 8.4.104 the running loss was a tensor, below 8.4.8 optimizer=auto took
-# MuSGD for short runs: see README, "Supported versions".
+# MuSGD for short runs (README, "Set up").
 SUPPORTED_ULTRALYTICS = ">=8.4.158,<=8.4.190"
 
 # The callbacks rocm-yolo registers (heartbeat, hooks, fault injection, mid-epoch checkpoints).
@@ -204,10 +204,10 @@ REQUIREMENTS = (
     Requirement("_RepeatSampler(BatchSampler(sampler)) with a seeded generator in build_dataloader",
                 MID_EPOCH_FEATURE, False, _sampler_chain),
     Requirement("BaseTrainer.check_resume letting save_dir through",
-                "resuming a moved or copied run directory in place (Ultralytics writes where the checkpoint says)",
+                "resuming a moved or copied run directory in place",
                 False, _resume_save_dir),
     Requirement("ultralytics.data.build.seed_worker reseeding from torch.initial_seed()",
-                "loader threads seeded as worker processes are (profile threads: same seed, other augmentations)",
+                "loader threads drawing the augmentations worker processes would (profile threads)",
                 False, _seed_worker),
     Requirement("CFG_INT_KEYS/CFG_FLOAT_KEYS/CFG_FRACTION_KEYS/CFG_BOOL_KEYS in ultralytics.cfg",
                 "type checks of KEY=VALUE before start (Ultralytics still checks them in the child)", False,
