@@ -64,6 +64,7 @@ def _preload() -> None:
     run_dir = os.environ.get(RUN_DIR_ENV)
     if run_dir:
         record = {"pid": os.getpid(), "trainer": trainer, "import_seconds": round(time.monotonic() - began, 2),
+                  "ultralytics": ultralytics.__version__,  # what the workers run (the lower-bound tests check it)
                   "python_threads": threading.active_count(), "native_threads": _threads(),
                   "gpu_files": _gpu_files(), "time": time.time(), "preload_error": error}
         try:

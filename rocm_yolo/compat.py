@@ -26,7 +26,7 @@ from rocm_yolo.errors import SetupError
 # The oldest release tested (CI runs the lowerbound subset against it) and the newest. Below
 # 8.4.158 InfiniteDataLoader made its iterator in __init__ (mid-epoch resume cannot replay the
 # sample order), below 8.4.104 the running loss was a tensor, below 8.4.8 optimizer=auto took
-# MuSGD for short runs: see README, "Supported versions".
+# MuSGD for short runs (README, "Set up").
 SUPPORTED_ULTRALYTICS = ">=8.4.158,<=8.4.190"
 
 # The callbacks rocm-yolo registers (heartbeat, hooks, fault injection, mid-epoch checkpoints).
@@ -156,6 +156,18 @@ def _sampler_chain() -> bool:
     return "self.sampler = sampler" in _source(_RepeatSampler) and "generator=generator" in _source(build_dataloader)
 
 
+def _resume_save_dir() -> bool:
+    """A resume passes ``save_dir`` (the run directory where the checkpoint is now) through check_resume."""
+    return '"save_dir"' in _source(_trainer().check_resume)
+
+
+def _seed_worker() -> bool:
+    """Ultralytics' ``worker_init_fn`` reseeds random and NumPy from ``torch.initial_seed()`` (see threads.worker_seeds)."""
+    from ultralytics.data import build
+
+    return "torch.initial_seed() % 2**32" in _source(getattr(build, "seed_worker", None))
+
+
 def _cfg_key_sets() -> bool:
     import ultralytics.cfg as cfg
 
@@ -191,6 +203,12 @@ REQUIREMENTS = (
     Requirement("BaseTrainer.tloss as a dict of losses", MID_EPOCH_FEATURE, False, _running_loss_dict),
     Requirement("_RepeatSampler(BatchSampler(sampler)) with a seeded generator in build_dataloader",
                 MID_EPOCH_FEATURE, False, _sampler_chain),
+    Requirement("BaseTrainer.check_resume letting save_dir through",
+                "resuming a moved or copied run directory in place",
+                False, _resume_save_dir),
+    Requirement("ultralytics.data.build.seed_worker reseeding from torch.initial_seed()",
+                "loader threads drawing the augmentations worker processes would (profile threads)",
+                False, _seed_worker),
     Requirement("CFG_INT_KEYS/CFG_FLOAT_KEYS/CFG_FRACTION_KEYS/CFG_BOOL_KEYS in ultralytics.cfg",
                 "type checks of KEY=VALUE before start (Ultralytics still checks them in the child)", False,
                 _cfg_key_sets),
