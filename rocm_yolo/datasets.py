@@ -24,6 +24,7 @@ import json
 import math
 import os
 import stat
+import tempfile
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -57,13 +58,29 @@ class DataSpec:
     channels: int = 3
 
 
-def datasets_dir() -> Path | None:
+def settings_files(env=os.environ) -> list[Path]:
+    """Where Ultralytics keeps ``settings.json`` on Linux, in its order (``get_user_config_dir``).
+
+    ``$YOLO_CONFIG_DIR/Ultralytics``, else ``$XDG_CONFIG_HOME/Ultralytics``, else
+    ``~/.config/Ultralytics``; where that cannot be created, ``$TMPDIR/Ultralytics-UID``.
+    """
+    if env.get("YOLO_CONFIG_DIR"):
+        first = Path(env["YOLO_CONFIG_DIR"]).expanduser() / "Ultralytics"
+    else:
+        first = Path(env.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "Ultralytics"
+    return [first / "settings.json", Path(tempfile.gettempdir()) / f"Ultralytics-{os.getuid()}" / "settings.json"]
+
+
+def datasets_dir(env=os.environ) -> Path | None:
     """Ultralytics' ``datasets_dir`` setting, read from its settings file without importing it."""
-    base = os.environ.get("YOLO_CONFIG_DIR") or os.path.join(Path.home(), ".config", "Ultralytics")
-    try:
-        return Path(json.loads((Path(base) / "settings.json").read_text())["datasets_dir"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    for path in settings_files(env):
+        try:
+            return Path(json.loads(path.read_text())["datasets_dir"])
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    return None
 
 
 def load_spec(yaml_path: Path) -> DataSpec:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -341,3 +342,18 @@ def test_mixed_box_and_polygon_lines_are_named(tmp_path):
         ("badlabel", f"{path}:2: mixes box and polygon lines (Ultralytics skips the image)")
     with pytest.raises(datasets.DataError, match="kpt_shape"):
         datasets.label_format("pose", [17, 4])
+
+
+@pytest.mark.parametrize("where", ["YOLO_CONFIG_DIR", "XDG_CONFIG_HOME"])
+def test_datasets_dir_is_read_from_the_settings_file_ultralytics_uses(tmp_path, where):
+    """Relative data set roots resolve against Ultralytics' datasets_dir: read from its own settings file."""
+    env = {k: v for k, v in os.environ.items() if k not in ("YOLO_CONFIG_DIR", "XDG_CONFIG_HOME")}
+    env[where] = str(tmp_path / "config")
+    code = "from ultralytics.utils import SETTINGS, SETTINGS_FILE; print(SETTINGS_FILE); print(SETTINGS['datasets_dir'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    file, default = out.stdout.strip().splitlines()[-2:]
+    assert datasets.settings_files(env)[0] == Path(file) and Path(file).is_relative_to(tmp_path)
+    assert datasets.datasets_dir(env) == Path(default)  # the default Ultralytics wrote on its first import
+    settings = json.loads(Path(file).read_text())
+    Path(file).write_text(json.dumps({**settings, "datasets_dir": str(tmp_path / "mine")}))
+    assert datasets.datasets_dir(env) == tmp_path / "mine"
