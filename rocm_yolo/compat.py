@@ -168,6 +168,20 @@ def _seed_worker() -> bool:
     return "torch.initial_seed() % 2**32" in _source(getattr(build, "seed_worker", None))
 
 
+def _user_checks() -> bool:
+    """Every Ultralytics function errors.py takes for a check of the user's input is defined where it says."""
+    import importlib
+
+    from rocm_yolo.errors import ULTRALYTICS_USER_CHECKS
+
+    def defined(module, name: str) -> bool:
+        classes = (c for c in vars(module).values() if isinstance(c, type) and c.__module__ == module.__name__)
+        return callable(getattr(module, name, None)) or any(callable(getattr(c, name, None)) for c in classes)
+
+    return all(defined(importlib.import_module(module), name)
+               for module, names in ULTRALYTICS_USER_CHECKS.items() for name in names)
+
+
 def _cfg_key_sets() -> bool:
     import ultralytics.cfg as cfg
 
@@ -209,6 +223,9 @@ REQUIREMENTS = (
     Requirement("ultralytics.data.build.seed_worker reseeding from torch.initial_seed()",
                 "loader threads drawing the augmentations worker processes would (profile threads)",
                 False, _seed_worker),
+    Requirement("Ultralytics' input checks named in rocm_yolo.errors (check_det_dataset, check_cfg, ...)",
+                "errors raised by Ultralytics' checks of the data, model and arguments reported as the user's "
+                "(exit 2, not an internal error)", False, _user_checks),
     Requirement("CFG_INT_KEYS/CFG_FLOAT_KEYS/CFG_FRACTION_KEYS/CFG_BOOL_KEYS in ultralytics.cfg",
                 "type checks of KEY=VALUE before start (Ultralytics still checks them in the child)", False,
                 _cfg_key_sets),

@@ -81,13 +81,19 @@ _GPU_RUNTIME = re.compile(
 )
 _OFFLINE = re.compile(r"Download failure|offline|Temporary failure in name resolution|Name or service not known|"
                       r"Failed to establish a new connection|Max retries exceeded|Network is unreachable", re.I)
-# Ultralytics' checks of what the user passed: an error raised inside one of these is the user's.
-_ULTRALYTICS_USER_CHECKS = {
-    "check_det_dataset", "check_cls_dataset", "check_file", "check_yaml", "check_cfg", "check_dict_alignment",
-    "check_imgsz", "check_resume", "check_source", "yaml_model_load", "guess_model_scale", "check_model_file_from_stem",
-    "load_checkpoint", "attempt_load_one_weight", "torch_safe_load", "get_cfg", "cfg2dict", "smart_value",
-    "cache_labels", "get_labels", "verify_labels",  # YOLODataset: no labels, no valid images, boxes for a segment task
+# Ultralytics' checks of what the user passed, by module (functions, or methods of its classes): an error
+# raised inside one of these is the user's. compat checks that each is still defined where it says.
+ULTRALYTICS_USER_CHECKS = {
+    "ultralytics.data.utils": ("check_det_dataset", "check_cls_dataset"),
+    "ultralytics.utils.checks": ("check_file", "check_yaml", "check_imgsz", "check_model_file_from_stem"),
+    "ultralytics.cfg": ("check_cfg", "check_dict_alignment", "get_cfg", "cfg2dict", "smart_value"),
+    "ultralytics.engine.trainer": ("check_resume",),
+    "ultralytics.data.build": ("check_source",),
+    "ultralytics.nn.tasks": ("yaml_model_load", "guess_model_scale", "load_checkpoint", "torch_safe_load"),
+    # YOLODataset: no labels, no valid images, boxes for a segment task
+    "ultralytics.data.dataset": ("cache_labels", "get_labels", "verify_labels"),
 }
+_USER_CHECK_NAMES = frozenset(name for names in ULTRALYTICS_USER_CHECKS.values() for name in names)
 
 
 @dataclass(frozen=True)
@@ -121,7 +127,7 @@ def _raised_in(error: BaseException) -> list[tuple[str, str]]:
 def _from_ultralytics_check(error: BaseException) -> bool:
     for filename, function in reversed(_raised_in(error)):
         if f"{os.sep}ultralytics{os.sep}" in filename:
-            return function in _ULTRALYTICS_USER_CHECKS
+            return function in _USER_CHECK_NAMES
         if f"{os.sep}rocm_yolo{os.sep}" in filename:
             return False
     return False

@@ -36,6 +36,19 @@ def test_a_missing_degradable_internal_is_a_warning_saying_which_feature_is_off(
     assert "InfiniteDataLoader.reset()" in warning and "fresh workers every epoch" in warning and "is off" in warning
 
 
+def test_a_renamed_user_input_check_is_caught(monkeypatch):
+    """attempt_load_one_weight was such a name: Ultralytics renamed it load_checkpoint."""
+    from rocm_yolo import errors
+
+    checks = compat._user_checks
+    assert checks()
+    monkeypatch.setitem(errors.ULTRALYTICS_USER_CHECKS, "ultralytics.nn.tasks", ("attempt_load_one_weight",))
+    assert not checks()
+    monkeypatch.setitem(errors.ULTRALYTICS_USER_CHECKS, "ultralytics.nn.tasks", ("load_checkpoint",))
+    monkeypatch.setitem(errors.ULTRALYTICS_USER_CHECKS, "ultralytics.data.dataset", ("verify_labels",))
+    assert checks()  # a method of one of the module's classes (YOLODataset.verify_labels)
+
+
 def test_an_ultralytics_outside_the_tested_range_is_a_warning(monkeypatch):
     import ultralytics
 
