@@ -168,7 +168,7 @@ class HeartbeatWriter:
         try:
             os.write(self.pipe_fd, text.encode() + b"\n")  # < PIPE_BUF: one atomic write
         except BlockingIOError:
-            pass  # the supervisor is behind: it only needs the newest record anyway
+            pass  # a full pipe (some 200 records, minutes of beats unread): drop this one rather than block training
         except OSError:
             self.pipe_fd = None  # the supervisor is gone
 

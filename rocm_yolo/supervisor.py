@@ -310,6 +310,14 @@ class Supervisor:
                 return State.INTERRUPTED, ""
             rc = child.poll()
             now = self.clock()
+            # every heartbeat, and before acting on an exit: the first trained batch tells where a resume started,
+            # and an attempt may train its first batch and finish (or crash) between two polls
+            for hb in child.heartbeats():
+                if detector.observe(hb, now):
+                    self._retrained(self.work.observe(hb))
+                    if state == State.STARTING and hb.batches_total > 0:
+                        state = State.HEALTHY
+                        self._note_recovered(now, spec, child.pid, hb)
             if rc is not None:
                 if rc in EXIT_STATES:
                     return EXIT_STATES[rc], ""
@@ -317,12 +325,6 @@ class Supervisor:
                 self.log.event("crash", f"training process exited with code {rc} (attempt {spec.attempt})",
                                code=rc, attempt=spec.attempt)
                 return State.CRASHED, f"training process exited with code {rc}"
-            for hb in child.heartbeats():  # all of them: the first trained batch tells where a resume started
-                if detector.observe(hb, now):
-                    self._retrained(self.work.observe(hb, now))
-                    if state == State.STARTING and hb.batches_total > 0:
-                        state = State.HEALTHY
-                        self._note_recovered(now, spec, child.pid, hb)
             if self.config.enabled and detector.stalled(now):
                 return State.STALLED, self._on_stall(child, spec, detector, hb, now)
             self.sleep(self.config.poll_interval)

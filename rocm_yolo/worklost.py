@@ -9,8 +9,9 @@ the supervisor's heartbeats into one record per restart::
      "retrained_batches": 6, "detect_seconds": 180.4, "restart_seconds": 31.2, "retrain_seconds": 2.3}
 
 Positions are ``[epoch, batches done in it]`` (1-based epoch), as of the last heartbeat (at
-most a second old). ``retrain_seconds`` is measured: from the new attempt's first batch until
-it is back where the old one stopped. Knows nothing about processes; no torch.
+most a second old). ``retrain_seconds`` is measured by the trainer's own clock (the heartbeats'
+``time``): from the new attempt's first batch until it is back where the old one stopped, so it
+does not depend on how often the supervisor reads them. Knows nothing about processes; no torch.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ class WorkLost:
         self.batches = 0  # training batches per epoch, from the latest training heartbeat
         self.at: list[int] | None = None  # the furthest position of the current attempt
         self.pending: dict | None = None  # the record of a failed attempt, until the next one trains
-        self.retraining: tuple[dict, int, float] | None = None  # (record, target, since)
+        self.retraining: tuple[dict, int, float] | None = None  # (record, target, first batch's heartbeat time)
+        self.last_time = 0.0  # the newest heartbeat's time
 
     def _index(self, position) -> int:
         return (position[0] - 1) * self.batches + position[1]
 
-    def observe(self, hb: Heartbeat, now: float) -> dict | None:
+    def observe(self, hb: Heartbeat) -> dict | None:
         """Feed a new heartbeat; returns the record whose retraining just finished, if any."""
+        self.last_time = hb.time
         if hb.phase == "train" and hb.epoch > 0:
             self.batches = hb.batches
             self.at = [hb.epoch, hb.batch]
@@ -40,18 +43,18 @@ class WorkLost:
             return None
         record, target, since = self.retraining
         if self._index(self.at) >= target:
-            return self._finish_retraining(now)
+            return self._finish_retraining()
         return None
 
-    def _finish_retraining(self, now: float) -> dict:
+    def _finish_retraining(self) -> dict:
         record, target, since = self.retraining
-        record["retrain_seconds"] = round(now - since, 1)
+        record["retrain_seconds"] = round(max(self.last_time - since, 0.0), 1)
         self.retraining = None
         return record
 
     def failed(self, cause: str, now: float, detect_seconds: float = 0.0) -> dict | None:
         """An attempt stalled or crashed; returns a record still retraining that it cut short."""
-        cut = self._finish_retraining(now) if self.retraining is not None else None
+        cut = self._finish_retraining() if self.retraining is not None else None
         self.pending = {"cause": cause, "lost_at": self.at, "batches": self.batches,
                         "detect_seconds": round(detect_seconds, 1), "failed_at": now}
         self.at = None
@@ -71,7 +74,7 @@ class WorkLost:
             retrained = max(self._index(lost) - self._index(start), 0)
             record["retrained_batches"] = retrained
             if retrained > hb.batches_total:  # not yet back where it was
-                self.retraining = (record, self._index(lost), now)
+                self.retraining = (record, self._index(lost), hb.time)
             elif retrained and hb.it_s > 0:  # already back by this heartbeat (fast batches): from the speed
                 record["retrain_seconds"] = round(retrained / hb.it_s, 1)
         else:

@@ -3,6 +3,7 @@ choice of checkpoint on resume, and the work-lost records (real Ultralytics load
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -269,22 +270,24 @@ def test_a_run_with_only_mid_epoch_checkpoints_is_found_and_resumable(tmp_path):
 # --------------------------------------------------------------------------- work lost
 
 
-def beat(seq, epoch, batch, total, phase="train", pid=100, it_s=10.0):
+def beat(seq, epoch, batch, total, phase="train", pid=100, it_s=10.0, t=0.0):
     return Heartbeat(seq=seq, pid=pid, attempt=1, phase=phase, epoch=epoch, epochs=3, batch=batch, batches=24,
-                     step_max=0.1, step_last=0.1, batches_total=total, it_s=it_s, time=0, started=0)
+                     step_max=0.1, step_last=0.1, batches_total=total, it_s=it_s, time=t, started=0)
 
 
 def test_work_lost_per_restart_is_measured_from_heartbeats():
     work = WorkLost()
-    work.observe(beat(1, 2, 14, 38), now=50)
+    work.observe(beat(1, 2, 14, 38, t=50))
     work.failed("hang", now=60, detect_seconds=10)
-    record = work.resumed(beat(1, 2, 11, 1), attempt=2, checkpoint="ep2-ba10.pt", now=90)
+    first = beat(1, 2, 11, 1, t=1090)  # the trainer's clock: retraining is timed by it, restarts by the supervisor's
+    work.observe(first)
+    record = work.resumed(first, attempt=2, checkpoint="ep2-ba10.pt", now=90)
     assert record["resumed_at"] == [2, 10] and record["retrained_batches"] == 4 and record["restart_seconds"] == 30
-    assert work.observe(beat(2, 2, 13, 3), now=91) is None  # not back yet
-    done = work.observe(beat(3, 2, 14, 4), now=92)
+    assert work.observe(beat(2, 2, 13, 3, t=1091)) is None  # not back yet
+    done = work.observe(beat(3, 2, 14, 4, t=1092))
     assert done is record and record["retrain_seconds"] == 2
-    work.observe(beat(4, 2, 24, 14), now=95)
-    work.observe(beat(5, 2, 3, 14, phase="val"), now=96)  # validation: epoch 2's training is done
+    work.observe(beat(4, 2, 24, 14, t=1095))
+    work.observe(beat(5, 2, 3, 14, phase="val", t=1096))  # validation: epoch 2's training is done
     work.failed("crash", now=97)
     again = work.resumed(beat(1, 3, 1, 1), attempt=3, checkpoint="last.pt", now=100)
     assert again["lost_at"] == [2, 24] and again["resumed_at"] == [3, 0] and again["retrained_batches"] == 0
@@ -327,7 +330,7 @@ def test_the_watchdog_resumes_from_the_mid_epoch_checkpoint_and_reports_the_work
     fake_checkpoint(paths.last, age=100)
     fake_checkpoint(paths.mid_checkpoint(2, 10))
     hung = Scripted(clock, {5: beat(1, 2, 8, 8), 6: beat(2, 2, 14, 14)}, pid=100)
-    beats = {100 + k: beat(k, 2, 10 + k, k, pid=101) for k in range(1, 15)}
+    beats = {100 + k: beat(k, 2, 10 + k, k, pid=101, t=100 + k) for k in range(1, 15)}
     healthy = Scripted(clock, beats, pid=101, exit_at=130)
     children, made = [hung, healthy], []
 
@@ -359,13 +362,15 @@ def test_a_resume_that_finishes_between_two_polls_still_says_where_it_resumed(sp
     hung = Scripted(clock, {5: beat(1, 2, 8, 8), 6: beat(2, 2, 14, 14)}, pid=100)
     rest = [beat(k, 2, 10 + k, k, pid=101) for k in range(1, 15)] + [beat(15, 2, 3, 14, phase="val", pid=101),
                                                                      beat(16, 2, 3, 14, phase="done", pid=101)]
-    fast = Scripted(clock, {100.5 + k / 100: hb for k, hb in enumerate(rest)}, pid=101, exit_at=102)
+    at = [100.5 + k / 10 for k in range(len(rest))]  # a batch every 0.1 s: ten between two polls
+    fast = Scripted(clock, {t: dataclasses.replace(hb, time=t) for t, hb in zip(at, rest)}, pid=101, exit_at=at[-1])
     children = iter([hung, fast])
     config = WatchdogConfig(stall_timeout=60, startup_grace=300, max_restarts=2, poll_interval=1)
     sup = Supervisor(spec, config, child_factory=lambda s, c: next(children), clock=clock,
                      sleep=lambda dt: now.__setitem__(0, now[0] + dt), log=RunLog(stream=open(os.devnull, "w")))
     [record] = sup.run().recoveries
     assert record["resumed_at"] == [2, 10] and record["retrained_batches"] == 4 and record["cause"] == "hang"
+    assert record["retrain_seconds"] == 0.3  # batch 11 to 14 again, by the trainer's clock, not the polls
 
 
 def test_a_position_survives_autobatch_and_imgsz_rounding_but_not_a_real_change():
