@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from rocm_yolo.demo import write_demo
-from rocm_yolo.proctree import with_env
+from rocm_yolo.proctree import alive, with_env
 
 TAG_VAR = "ROCM_YOLO_TEST_TAG"
 # .ci/run's lower-bound run sets it to the oldest supported Ultralytics, installed apart and put
@@ -63,7 +63,7 @@ class Cli:
     def start(self, *args: str, env: dict | None = None) -> subprocess.Popen:
         """Start the CLI with its output in a file (a pipe would stay open in orphans and fill up)."""
         self.runs += 1
-        self.output = self.cwd / f"cli-{self.runs}.out"
+        self.output = self.cwd / f"cli-{self.tag[:8]}-{self.runs}.out"  # two Cli in one directory keep theirs
         with open(self.output, "w") as out:
             return subprocess.Popen([sys.executable, "-m", "rocm_yolo", *args], cwd=self.cwd,
                                     env={**self.env, **(env or {})}, stdout=out, stderr=subprocess.STDOUT)
@@ -88,7 +88,7 @@ class Cli:
     def leftovers(self, settle: float = 5.0) -> list[psutil.Process]:
         deadline = time.monotonic() + settle
         while True:
-            left = [p for p in with_env(TAG_VAR, self.tag) if p.status() != psutil.STATUS_ZOMBIE]
+            left = [p for p in with_env(TAG_VAR, self.tag) if alive(p.pid)]  # not one that exits meanwhile
             if not left or time.monotonic() > deadline:
                 return left
             time.sleep(0.2)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -101,7 +102,9 @@ def test_a_kill_during_the_write_leaves_the_previous_checkpoint_which_loads_in_p
     paths = RunPaths(run)
     [(epoch, done, mid)] = paths.mid_checkpoints()
     assert (epoch, done) == (2, 6) and checkpoints.verify(mid) is None
-    [partial] = (run / "weights").glob(".ep2-ba12.pt.*.tmp")  # the killed write: never renamed into place
+    # the killed write, never renamed into place: at batch 12, or later if the write of batch 6 was still running
+    [partial] = (run / "weights").glob(".ep2-ba*.pt.*.tmp")
+    assert int(re.match(r"\.ep2-ba(\d+)\.pt\.", partial.name)[1]) >= 12
     assert checkpoints.verify(partial) is not None
     with zipfile.ZipFile(mid) as z:  # unpickling it needs no rocm-yolo class: plain types and tensors only
         pickled = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
@@ -126,8 +129,10 @@ def test_resumed_inside_the_epoch_it_ends_exactly_as_the_uninterrupted_run(runne
     assert worst <= 1e-6, f"weights differ by up to {worst}"
     # housekeeping: the newest good checkpoint is kept, an epoch's go with its last.pt, a finished run keeps none
     written = [(e["epoch"], e["batch"], e["removed"]) for e in events(run, "mid_checkpoint")]
-    assert written == [(1, 6, []), (1, 12, ["ep1-ba6.pt"]), (2, 6, []),  # then killed writing ep2-ba12
-                       (2, 14, ["ep2-ba6.pt"]), (3, 8, [])]  # resumed, every 8 batches now
+    # a checkpoint due while the previous one is still being written goes to the next batch (no stall): 12 or later
+    assert written[1][0] == 1 and written[1][1] >= 12 and written[1][2] == ["ep1-ba6.pt"]
+    assert written[:1] + written[2:] == [(1, 6, []), (2, 6, []),  # then killed writing ep2-ba12 (or later)
+                                         (2, 14, ["ep2-ba6.pt"]), (3, 8, [])]  # resumed, every 8 batches now
     assert not list((run / "weights").glob("ep*")) and not list((run / "weights").glob(".*.tmp"))
     assert not (run / "weights" / "last_good.pt").exists()
     assert runner.leftovers() == []
@@ -143,7 +148,8 @@ def test_another_batch_resumes_at_the_epoch_boundary_and_says_so(runner, killed)
             if hb is not None and hb.attempt == 2 and hb.phase == "train" and hb.batches_total >= 1:
                 break
             time.sleep(0.2)
-        assert (hb.epoch, hb.batch, hb.batches) == (2, hb.batches_total, 8), "epoch 2 from batch 1, 8 batches of 4"
+        # epoch 2 from its first batch, 8 batches of 4 (a fast machine may be in epoch 3 by the time it is read)
+        assert hb.epoch >= 2 and hb.batches == 8 and (hb.epoch - 2) * 8 + hb.batch == hb.batches_total, hb
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
