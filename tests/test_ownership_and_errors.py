@@ -177,7 +177,7 @@ def test_helper_children_die_with_their_parent(tmp_path):
 
 
 @pytest.mark.e2e
-def test_a_concurrent_resume_is_refused_and_the_live_run_finishes_intact(cli, tiny_data, tmp_path):
+def test_a_concurrent_resume_is_refused_and_the_live_run_stays_intact(cli, tiny_data, tmp_path):
     paths = RunPaths(tmp_path / "runs" / "detect" / "train")
     # long enough to be running whatever the machine's speed; stopped with Ctrl-C once the others are refused
     live = cli.start("train", str(tiny_data), "--epochs", "300", "--workers", "1", *TINY)
