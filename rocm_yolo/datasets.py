@@ -62,13 +62,15 @@ def settings_files(env=os.environ) -> list[Path]:
     """Where Ultralytics keeps ``settings.json`` on Linux, in its order (``get_user_config_dir``).
 
     ``$YOLO_CONFIG_DIR/Ultralytics``, else ``$XDG_CONFIG_HOME/Ultralytics``, else
-    ``~/.config/Ultralytics``; where that cannot be created, ``$TMPDIR/Ultralytics-UID``.
+    ``~/.config/Ultralytics``; where that cannot be created, ``$TMPDIR/Ultralytics-UID`` (8.4.190)
+    or ``/tmp/Ultralytics`` (8.4.158).
     """
     if env.get("YOLO_CONFIG_DIR"):
         first = Path(env["YOLO_CONFIG_DIR"]).expanduser() / "Ultralytics"
     else:
         first = Path(env.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "Ultralytics"
-    return [first / "settings.json", Path(tempfile.gettempdir()) / f"Ultralytics-{os.getuid()}" / "settings.json"]
+    fallbacks = [Path(tempfile.gettempdir()) / f"Ultralytics-{os.getuid()}", Path("/tmp") / "Ultralytics"]
+    return [base / "settings.json" for base in (first, *fallbacks)]
 
 
 def datasets_dir(env=os.environ) -> Path | None:

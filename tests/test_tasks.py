@@ -349,6 +349,7 @@ def test_datasets_dir_is_read_from_the_settings_file_ultralytics_uses(tmp_path, 
     """Relative data set roots resolve against Ultralytics' datasets_dir: read from its own settings file."""
     env = {k: v for k, v in os.environ.items() if k not in ("YOLO_CONFIG_DIR", "XDG_CONFIG_HOME")}
     env[where] = str(tmp_path / "config")
+    (tmp_path / "config").mkdir()  # as a user's config directory is (else older Ultralytics fall back to /tmp)
     code = "from ultralytics.utils import SETTINGS, SETTINGS_FILE; print(SETTINGS_FILE); print(SETTINGS['datasets_dir'])"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     file, default = out.stdout.strip().splitlines()[-2:]
