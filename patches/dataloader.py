@@ -240,3 +240,27 @@ class WorkerInit:
         }
         with open(paths.workers, "a") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def dead_workers(loaders, wait: float = 2.0) -> list[tuple[int, int | None]]:
+    """``(pid, exit code)`` of the worker processes of ``loaders`` that have died, waiting up to ``wait`` s.
+
+    torch turns a worker death into "DataLoader worker (pid(s) ...) exited unexpectedly" only if
+    ``is_alive()`` already says so when the data queue fails. A worker killed while it hands over
+    a batch makes the queue fail at once (``ConnectionResetError`` from the file-descriptor
+    sharing), and under the fork server its exit status reaches this process a moment later
+    (the server reaps it and reports through a pipe): the error then names no worker. This
+    looks again, as torch would have a moment later. An iterator without worker processes
+    (``workers=0``, loader threads) has none.
+    """
+    procs = []
+    for loader in loaders:
+        iterator = getattr(loader, "iterator", None) or getattr(loader, "_iterator", None)
+        procs += list(getattr(iterator, "_workers", None) or [])
+    deadline = time.monotonic() + wait
+    while procs:
+        dead = [(w.pid, w.exitcode) for w in procs if not w.is_alive()]
+        if dead or time.monotonic() >= deadline:
+            return dead
+        time.sleep(0.05)
+    return []

@@ -278,7 +278,9 @@ def train(spec: RunSpec, env: Environment, conv_line: str, log: RunLog) -> int:
     except BaseException as e:
         if not hooks.training_started:
             raise  # _child reports it: user, environment or internal, never retried
-        return report_training_failure(spec, log, e)
+        trainer = getattr(model, "trainer", None)
+        loaders = (getattr(trainer, "train_loader", None), getattr(getattr(trainer, "validator", None), "dataloader", None))
+        return report_training_failure(spec, log, _name_dead_worker(e, [x for x in loaders if x is not None]))
     log.event("finished", seconds=round(time.time() - started, 2))
     return OK
 
@@ -330,6 +332,29 @@ def _raised_by_rocm_yolo(error: BaseException) -> bool:
 
     frames = traceback.extract_tb(error.__traceback__)
     return bool(frames) and any(f"{os.sep}{pkg}{os.sep}" in frames[-1].filename for pkg in ("rocm_yolo", "patches"))
+
+
+def _name_dead_worker(error: BaseException, loaders: list) -> BaseException:
+    """A data queue that failed because a worker died, reported as torch reports it (with the pid).
+
+    See :func:`patches.dataloader.dead_workers`: a worker killed while it hands over a batch can
+    surface as a bare ``ConnectionResetError`` or ``EOFError`` that names no worker.
+    """
+    if not isinstance(error, (ConnectionError, EOFError)) or not loaders:
+        return error
+    from rocm_yolo.patches.dataloader import dead_workers
+
+    dead = dead_workers(loaders)
+    if not dead:
+        return error
+    from rocm_yolo.proctree import signal_name
+
+    how = ", ".join(f"pid {pid} " + (f"killed by {signal_name(-code)}" if code is not None and code < 0
+                                     else f"exit code {code}") for pid, code in dead)
+    pids = ", ".join(str(pid) for pid, _ in dead)
+    named = RuntimeError(f"DataLoader worker (pid(s) {pids}) exited unexpectedly: {how}")
+    named.__cause__ = error
+    return named
 
 
 def report_training_failure(spec: RunSpec, log: RunLog, error: BaseException) -> int:

@@ -103,3 +103,28 @@ def test_workers_fork_from_a_preloaded_server_that_holds_no_gpu_and_runs_no_thre
     assert len(records) == 2 and {r["start_method"] for r in records} == {"forkserver"}
     assert {r["ppid"] for r in records} == {server["pid"]} and {r["trainer"] for r in records} == {os.getpid()}
     assert len(list(RunPaths(tmp_path).stacks.glob("worker-*.txt"))) == 2
+
+
+def test_a_worker_killed_while_handing_over_a_batch_is_named_in_the_crash():
+    """A worker killed mid hand-over can surface as a bare ConnectionResetError; the crash names the worker."""
+    import signal
+
+    from rocm_yolo.runtime import _name_dead_worker
+
+    # forkserver, as rocm-yolo runs them: the workers are not this process's children (with fork, torch's
+    # SIGCHLD handler would raise here first), so their exit status comes late, through the server
+    loader = DataLoader(TensorDataset(torch.arange(64.0)), batch_size=4, num_workers=1, persistent_workers=True,
+                        multiprocessing_context="forkserver")
+    it = iter(loader)
+    next(it)
+    [worker] = it._workers
+    reset = ConnectionResetError(104, "Connection reset by peer")
+    assert _name_dead_worker(reset, [loader]) is reset  # all alive (after a 2 s look): the error as it was
+    os.kill(worker.pid, signal.SIGKILL)
+    assert patch.dead_workers([loader]) == [(worker.pid, -signal.SIGKILL)]
+    named = _name_dead_worker(reset, [loader])
+    assert isinstance(named, RuntimeError) and named.__cause__ is reset
+    assert str(named) == f"DataLoader worker (pid(s) {worker.pid}) exited unexpectedly: pid {worker.pid} killed by SIGKILL"
+    other = ValueError("not a queue failure")
+    assert _name_dead_worker(other, [loader]) is other and _name_dead_worker(reset, []) is reset
+    del it
