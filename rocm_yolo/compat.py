@@ -33,6 +33,13 @@ SUPPORTED_ULTRALYTICS = ">=8.4.158,<=8.4.190"
 CALLBACK_EVENTS = ("on_pretrain_routine_start", "on_pretrain_routine_end", "on_train_start", "on_train_epoch_start",
                    "on_train_batch_start", "on_train_batch_end", "on_train_epoch_end", "on_val_start",
                    "on_val_batch_end", "on_model_save", "on_train_end")
+
+
+def callbacks_of(owner) -> dict:
+    """``{event: owner.event}`` for each of :data:`CALLBACK_EVENTS` that ``owner`` defines (its Ultralytics callbacks)."""
+    return {event: getattr(owner, event) for event in CALLBACK_EVENTS if hasattr(owner, event)}
+
+
 MID_EPOCH_FEATURE = "mid-epoch checkpoints (--checkpoint-every) and resuming inside an epoch"
 DATALOADER_ARGS = ("num_workers", "multiprocessing_context", "persistent_workers", "prefetch_factor", "pin_memory",
                    "timeout", "worker_init_fn")

@@ -218,10 +218,3 @@ class Injector:
                 raise RuntimeError(f"injected crash ({ENV}) at epoch {f.epoch} batch {f.batch}")
             elif f.kind == "bug":
                 raise_bug(f"at epoch {f.epoch} batch {f.batch}")
-
-    def callbacks(self) -> dict:
-        return {
-            "on_pretrain_routine_start": self.on_pretrain_routine_start,
-            "on_train_epoch_start": self.on_train_epoch_start,
-            "on_train_batch_end": self.on_train_batch_end,
-        }

@@ -237,16 +237,6 @@ class HeartbeatWriter:
     def on_train_end(self, trainer) -> None:
         self.write("done", force=True)
 
-    def callbacks(self) -> dict:
-        return {
-            "on_train_epoch_start": self.on_train_epoch_start,
-            "on_train_batch_end": self.on_train_batch_end,
-            "on_val_start": self.on_val_start,
-            "on_val_batch_end": self.on_val_batch_end,
-            "on_model_save": self.on_model_save,
-            "on_train_end": self.on_train_end,
-        }
-
 
 
 def _fd_from_env() -> int | None:

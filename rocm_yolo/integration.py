@@ -96,14 +96,3 @@ class RunHooks:
             self.log.info(f"{trainer.last} failed verification right after the save; kept the previous copy")
         else:
             self.verified_epoch = trainer.epoch
-
-    def callbacks(self) -> dict:
-        return {
-            "on_pretrain_routine_start": self.on_pretrain_routine_start,
-            "on_pretrain_routine_end": self.on_pretrain_routine_end,
-            "on_train_start": self.on_train_start,
-            "on_train_epoch_start": self.on_train_epoch_start,
-            "on_train_batch_end": self.on_train_batch_end,
-            "on_val_start": self.on_val_start,
-            "on_model_save": self.on_model_save,
-        }

@@ -518,19 +518,6 @@ class MidEpochCheckpoints:
         with open(self.record, "a") as f:
             f.write(json.dumps(line) + "\n")
 
-    def callbacks(self) -> dict:
-        return {
-            "on_pretrain_routine_start": self.on_pretrain_routine_start,
-            "on_pretrain_routine_end": self.on_pretrain_routine_end,
-            "on_train_start": self.on_train_start,
-            "on_train_epoch_start": self.on_train_epoch_start,
-            "on_train_batch_start": self.on_train_batch_start,
-            "on_train_batch_end": self.on_train_batch_end,
-            "on_train_epoch_end": self.on_train_epoch_end,
-            "on_model_save": self.on_model_save,
-            "on_train_end": self.on_train_end,
-        }
-
 
 def clean_temporaries(paths) -> None:
     """Temporary files a killed checkpoint write left in ``weights/`` (never a checkpoint itself)."""

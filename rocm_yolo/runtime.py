@@ -245,19 +245,21 @@ def train(spec: RunSpec, env: Environment, conv_line: str, log: RunLog) -> int:
 
     from ultralytics import YOLO
 
+    from rocm_yolo.compat import callbacks_of
+
     hooks = RunHooks(spec, log, arg_presets=env.args)
-    groups = [hooks.callbacks(), heartbeat.callbacks()]
+    groups = [callbacks_of(hooks), callbacks_of(heartbeat)]
     injected = faults.active()
     listeners = [heartbeat.resumed_at]
     if injected:
         injector = faults.Injector(injected, paths)
-        groups.append(injector.callbacks())
+        groups.append(callbacks_of(injector))
         listeners.append(injector.resumed_at)
     requested = {k: spec.train_args[k] for k in ("batch", "imgsz") if k in spec.train_args}
     midepoch = MidEpochCheckpoints(paths, log, checkpoints.parse_interval(spec.checkpoint_every), attempt=spec.attempt,
                                    on_resumed=tuple(listeners), saved_epoch=lambda: hooks.verified_epoch,
                                    requested=requested)
-    groups.append(midepoch.callbacks())  # last: it moves the others' batch counters on a resumed epoch
+    groups.append(callbacks_of(midepoch))  # last: it moves the others' batch counters on a resumed epoch
     clean_temporaries(paths)  # half-written files of a checkpoint write that was killed
     try:
         model = YOLO(spec.resume or spec.model)
