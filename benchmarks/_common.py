@@ -1,4 +1,4 @@
-"""What both benchmark scripts need: run one command in a fresh process, stop everything it made."""
+"""What the benchmark scripts share: run one command in a fresh process, stop everything it made."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from rocm_yolo.proctree import with_env
+from rocm_yolo.supervisor.proctree import with_env
 
 TAG_VAR = "ROCM_YOLO_BENCH_TAG"  # every process a run starts inherits it: cleanup finds them all
 
@@ -59,14 +59,27 @@ def run_logged(cmd: list[str], cwd: Path, log: Path, timeout: float, env: dict |
 
 def machine_line() -> str:
     cpuinfo = Path("/proc/cpuinfo")
-    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                  if line.startswith("model name")), "?") if cpuinfo.exists() else platform.processor() or "?"
-    return (f"{os.cpu_count()} cores ({model}), Python {platform.python_version()}, torch {version('torch')}, "
-            f"ultralytics {version('ultralytics')}, rocm-yolo {version('rocm-yolo')}")
+    model = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in cpuinfo.read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            "?",
+        )
+        if cpuinfo.exists()
+        else platform.processor() or "?"
+    )
+    return (
+        f"{os.cpu_count()} cores ({model}), Python {platform.python_version()}, torch {version('torch')}, "
+        f"ultralytics {version('ultralytics')}, rocm-yolo {version('rocm-yolo')}"
+    )
 
 
 def stop_on_signals() -> None:
     """SIGTERM and SIGINT raise KeyboardInterrupt, so a killed benchmark stops its runs too."""
+
     def _terminate(signum, frame):
         raise KeyboardInterrupt
 

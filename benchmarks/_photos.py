@@ -50,7 +50,7 @@ def _write_split(root: Path, split: str, count: int, photos: list, rng) -> None:
         ch = int(min(h, w * 3 / 4) * scale)
         cw = int(ch * 4 / 3)
         y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
-        img = cv2.resize(src[y:y + ch, x:x + cw], (WIDTH, HEIGHT), interpolation=cv2.INTER_AREA)
+        img = cv2.resize(src[y : y + ch, x : x + cw], (WIDTH, HEIGHT), interpolation=cv2.INTER_AREA)
         if rng.random() < 0.5:
             img = img[:, ::-1]
         cv2.imwrite(str(images / f"{split}_{i:05d}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, 90])
@@ -75,6 +75,8 @@ def write_photo_set(root: Path, *, train: int = 256, val: int = 32, seed: int = 
     _write_split(root, "train", train, photos, rng)
     _write_split(root, "val", val, photos, rng)
     names = "\n".join(f"  {i}: {n}" for i, n in enumerate(CLASSES))
-    yaml_path.write_text(f"# {train} train and {val} val real-photo crops, {WIDTH}x{HEIGHT} JPEG\n"
-                         f"path: {root}\ntrain: images/train\nval: images/val\nnames:\n{names}\n")
+    yaml_path.write_text(
+        f"# {train} train and {val} val real-photo crops, {WIDTH}x{HEIGHT} JPEG\n"
+        f"path: {root}\ntrain: images/train\nval: images/val\nnames:\n{names}\n"
+    )
     return yaml_path

@@ -9,7 +9,7 @@
     the background serialization competing for the same cores. Divided by the default
     interval (600 s) it is the cost at ``--checkpoint-every 10m``. The ``mid_checkpoint``
     events give each checkpoint's size, training-thread stall and background write time.
-(b) Stall by model size: :class:`rocm_yolo.midepoch.MidEpochCheckpoints`' own snapshot (the
+(b) Stall by model size: :class:`rocm_yolo.trainer.checkpoint_save.MidEpochSave`'s own snapshot (the
     only part on the training thread) and the background write (``torch.save`` into an
     atomic, fsynced file) for yolo26n/s/m/l/x with an AdamW state, without training.
 (c) Work lost per hang: ``ROCM_YOLO_FAULT=worker-hang@2:B`` late in epoch 2 of a real run
@@ -65,32 +65,56 @@ def epoch_times(run: Path) -> list[float]:
 
 # (a) cost in training -------------------------------------------------------------------------
 def cost_round(a, data: Path, root: Path, interval: str, rnd: int) -> dict:
-    from rocm_yolo.log import read_events
-    from rocm_yolo.paths import RunPaths
+    from rocm_yolo.run.events import read_events
+    from rocm_yolo.run.paths import RunPaths
 
     name = f"every-{interval}-r{rnd}"
-    args = ["train", str(data), *BASE, "--epochs", str(a.epochs), "--imgsz", str(a.imgsz), "--batch", str(a.batch),
-            "--checkpoint-every", interval, "--project", str(root / "runs"), "--name", name]
+    args = [
+        "train",
+        str(data),
+        *BASE,
+        "--epochs",
+        str(a.epochs),
+        "--imgsz",
+        str(a.imgsz),
+        "--batch",
+        str(a.batch),
+        "--checkpoint-every",
+        interval,
+        "--project",
+        str(root / "runs"),
+        "--name",
+        name,
+    ]
     code = run_logged(rocm_yolo(args), root, root / f"{name}.log", a.timeout)
     run = root / "runs" / name
     if code != 0:
         raise SystemExit(f"run {name} exited {code}; log {root / f'{name}.log'}")
     ckpts = [e for e in read_events(RunPaths(run).events) if e["event"] == "mid_checkpoint"]
     measured = [e for e in ckpts if 1 < e["epoch"] < a.epochs]
-    out = {"epoch": statistics.mean(epoch_times(run)), "per_epoch": len(measured) / max(a.epochs - 2, 1),
-           "stall": [e["stall_seconds"] for e in ckpts], "write": [e["write_seconds"] for e in ckpts],
-           "mb": [e["bytes"] / 2**20 for e in ckpts]}
-    print(f"  {interval:>5} round {rnd}: epoch {out['epoch']:.2f} s, {out['per_epoch']:.1f} checkpoints/epoch", flush=True)
+    out = {
+        "epoch": statistics.mean(epoch_times(run)),
+        "per_epoch": len(measured) / max(a.epochs - 2, 1),
+        "stall": [e["stall_seconds"] for e in ckpts],
+        "write": [e["write_seconds"] for e in ckpts],
+        "mb": [e["bytes"] / 2**20 for e in ckpts],
+    }
+    print(
+        f"  {interval:>5} round {rnd}: epoch {out['epoch']:.2f} s, {out['per_epoch']:.1f} checkpoints/epoch", flush=True
+    )
     return out
 
 
 def cost_table(a, rows: dict) -> list[str]:
-    lines = [f"(a) `rocm-yolo train DATA {' '.join(BASE)} --epochs {a.epochs} --imgsz {a.imgsz} --batch {a.batch}` "
-             f"({a.train} images, {a.train // a.batch} batches/epoch), interleaved, {a.rounds} round(s); "
-             "median (min-max) over rounds", "",
-             "| --checkpoint-every | epoch (s) | vs 0 | checkpoints/epoch | extra time per checkpoint (s) "
-             "| size (MB) | training-thread stall (s) | background write (s) | cost at 10m |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"(a) `rocm-yolo train DATA {' '.join(BASE)} --epochs {a.epochs} --imgsz {a.imgsz} --batch {a.batch}` "
+        f"({a.train} images, {a.train // a.batch} batches/epoch), interleaved, {a.rounds} round(s); "
+        "median (min-max) over rounds",
+        "",
+        "| --checkpoint-every | epoch (s) | vs 0 | checkpoints/epoch | extra time per checkpoint (s) "
+        "| size (MB) | training-thread stall (s) | background write (s) | cost at 10m |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     base = [r["epoch"] for r in rows["0"]]
     for interval, runs in rows.items():
         ratio = [r["epoch"] / b for r, b in zip(runs, base)]
@@ -99,16 +123,18 @@ def cost_table(a, rows: dict) -> list[str]:
         write = [w for r in runs for w in r["write"]]
         mb = [m for r in runs for m in r["mb"]]
         at_default = [max(x, 0.0) / 600 for x in extra]
-        lines.append(f"| {interval} | {med([r['epoch'] for r in runs])} | {med(ratio, '{:.3f}')} | "
-                     f"{med([r['per_epoch'] for r in runs], '{:.1f}')} | {med(extra) if extra else '-'} | "
-                     f"{med(mb, '{:.0f}')} | {med(stall, '{:.3f}')} | {med(write)} | "
-                     f"{med(at_default, '{:.3%}') if extra else '-'} |")
+        lines.append(
+            f"| {interval} | {med([r['epoch'] for r in runs])} | {med(ratio, '{:.3f}')} | "
+            f"{med([r['per_epoch'] for r in runs], '{:.1f}')} | {med(extra) if extra else '-'} | "
+            f"{med(mb, '{:.0f}')} | {med(stall, '{:.3f}')} | {med(write)} | "
+            f"{med(at_default, '{:.3%}') if extra else '-'} |"
+        )
     return lines + [""]
 
 
 # (b) stall by model size ----------------------------------------------------------------------
 def fake_trainer(model_yaml: str, n: int = 64):
-    """What MidEpochCheckpoints._snapshot reads from a trainer, with a real model, EMA and AdamW state."""
+    """What MidEpochSave._snapshot reads from a trainer, with a real model, EMA and AdamW state."""
     import torch
     from ultralytics import YOLO
     from ultralytics.utils.torch_utils import ModelEMA
@@ -122,9 +148,21 @@ def fake_trainer(model_yaml: str, n: int = 64):
         p.grad = torch.randn_like(p) * 1e-3  # pending accumulated gradients: the largest checkpoint
     scaler = torch.amp.GradScaler("cuda", enabled=False)
     stopper = SimpleNamespace(best_fitness=0.1, best_epoch=1, patience=100, possible_stop=False)
-    return SimpleNamespace(model=model, ema=ModelEMA(model), optimizer=optimizer, scaler=scaler, epoch=1, epochs=3,
-                           tloss={"box": torch.tensor(1.0)}, stopper=stopper, train_loader=_Loader(n),
-                           args=SimpleNamespace(imgsz=640), metrics={}, fitness=None, best_fitness=None)
+    return SimpleNamespace(
+        model=model,
+        ema=ModelEMA(model),
+        optimizer=optimizer,
+        scaler=scaler,
+        epoch=1,
+        epochs=3,
+        tloss={"box": torch.tensor(1.0)},
+        stopper=stopper,
+        train_loader=_Loader(n),
+        args=SimpleNamespace(imgsz=640),
+        metrics={},
+        fitness=None,
+        best_fitness=None,
+    )
 
 
 class _Loader:
@@ -143,23 +181,25 @@ class _Loader:
 def stall_row(model_yaml: str, root: Path, repeats: int) -> dict:
     import torch
 
-    from rocm_yolo.checkpoints import parse_interval
-    from rocm_yolo.fsutil import write_atomic
-    from rocm_yolo.log import RunLog
-    from rocm_yolo.midepoch import MidEpochCheckpoints
-    from rocm_yolo.paths import RunPaths
-    from rocm_yolo.sample_order import PassSampler
+    from rocm_yolo.run.atomic import write_atomic
+    from rocm_yolo.run.events import RunLog
+    from rocm_yolo.run.interval import parse_interval
+    from rocm_yolo.run.paths import RunPaths
+    from rocm_yolo.trainer.checkpoint_save import MidEpochSave
+    from rocm_yolo.trainer.checkpoint_state import TrainOrder
+    from rocm_yolo.trainer.sample_order import PassSampler
 
     trainer = fake_trainer(model_yaml)
-    mid = MidEpochCheckpoints(RunPaths(root), RunLog(), parse_interval("10m"))
-    mid.sampler = PassSampler(SimpleNamespace(generator=torch.Generator(), __len__=lambda: 64))
-    mid.sampler.states[0], mid.pass_number = torch.Generator().get_state(), 0
+    log = RunLog()
+    mid = MidEpochSave(RunPaths(root), log, parse_interval("10m"), TrainOrder(log))
+    mid.order.sampler = PassSampler(SimpleNamespace(generator=torch.Generator(), __len__=lambda: 64))
+    mid.order.sampler.states[0], mid.pass_number = torch.Generator().get_state(), 0
     loop = {"i": 9, "ni": 41, "last_opt_step": 40}
     snaps, writes, size = [], [], 0
     for _ in range(repeats + 1):  # the first allocates the host buffers: not counted
         t0 = time.perf_counter()
         threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # as MidEpochCheckpoints._save does
+        torch.set_num_threads(1)  # as MidEpochSave._save does
         try:
             ckpt = mid._snapshot(trainer, loop, 10)
         finally:
@@ -172,19 +212,27 @@ def stall_row(model_yaml: str, root: Path, repeats: int) -> dict:
         size = path.stat().st_size
         path.unlink()
     params = sum(p.numel() for p in trainer.model.parameters())
-    return {"model": Path(model_yaml).stem, "params": params, "mb": size / 2**20, "first": snaps[0],
-            "stall": statistics.median(snaps[1:]), "write": statistics.median(writes)}
+    return {
+        "model": Path(model_yaml).stem,
+        "params": params,
+        "mb": size / 2**20,
+        "first": snaps[0],
+        "stall": statistics.median(snaps[1:]),
+        "write": statistics.median(writes),
+    }
 
 
 def per_batch_cost(calls: int) -> float:
     """Seconds per batch of the callbacks when no checkpoint is due (the interval check)."""
-    from rocm_yolo.checkpoints import parse_interval
-    from rocm_yolo.log import RunLog
-    from rocm_yolo.midepoch import MidEpochCheckpoints
-    from rocm_yolo.paths import RunPaths
+    from rocm_yolo.run.events import RunLog
+    from rocm_yolo.run.interval import parse_interval
+    from rocm_yolo.run.paths import RunPaths
+    from rocm_yolo.trainer.checkpoint_save import MidEpochSave
+    from rocm_yolo.trainer.checkpoint_state import TrainOrder
 
     with tempfile.TemporaryDirectory(prefix="bench-mid-") as tmp:
-        mid = MidEpochCheckpoints(RunPaths(tmp), RunLog(), parse_interval("10m"))
+        log = RunLog()
+        mid = MidEpochSave(RunPaths(tmp), log, parse_interval("10m"), TrainOrder(log))
         trainer = SimpleNamespace(train_loader=_Loader(10 * calls), stop=False)
         mid.on_train_start(trainer)
         t0 = time.perf_counter()
@@ -195,54 +243,109 @@ def per_batch_cost(calls: int) -> float:
 
 
 def stall_table(rows: list[dict], repeats: int) -> list[str]:
-    lines = [f"(b) the snapshot on the training thread and the background write, without training "
-             f"(AdamW state and pending gradients), median of {repeats}", "",
-             "| model | parameters | checkpoint (MB) | training-thread stall (s): first / later "
-             "| background write + fsync (s) | stall at 10m |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"(b) the snapshot on the training thread and the background write, without training "
+        f"(AdamW state and pending gradients), median of {repeats}",
+        "",
+        "| model | parameters | checkpoint (MB) | training-thread stall (s): first / later "
+        "| background write + fsync (s) | stall at 10m |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['params'] / 1e6:.1f} M | {r['mb']:.0f} | {r['first']:.3f} / {r['stall']:.3f} "
-                     f"| {r['write']:.2f} | {r['stall'] / 600:.4%} |")
+        lines.append(
+            f"| {r['model']} | {r['params'] / 1e6:.1f} M | {r['mb']:.0f} | {r['first']:.3f} / {r['stall']:.3f} "
+            f"| {r['write']:.2f} | {r['stall'] / 600:.4%} |"
+        )
     return lines + [""]
 
 
 # (c) work lost per hang -----------------------------------------------------------------------
 def hang_round(a, data: Path, root: Path, interval: str, rnd: int) -> dict:
     name = f"hang-{interval}-r{rnd}"
-    args = ["train", str(data), "--model", "yolo26n.yaml", "--device", "cpu", "plots=False", "val=False",
-            "--epochs", "2", "--imgsz", "32", "--batch", "2", "--workers", "1", "prefetch_factor=1",
-            "--checkpoint-every", interval, "--stall-timeout", str(a.stall), "--startup-grace", "120",
-            "--fallback", "fast,single", "--project", str(root / "runs"), "--name", name]
-    code = run_logged(rocm_yolo(args), root, root / f"{name}.log", a.timeout,
-                      env={"ROCM_YOLO_FAULT": f"worker-hang@2:{a.hang_batch}"})
+    args = [
+        "train",
+        str(data),
+        "--model",
+        "yolo26n.yaml",
+        "--device",
+        "cpu",
+        "plots=False",
+        "val=False",
+        "--epochs",
+        "2",
+        "--imgsz",
+        "32",
+        "--batch",
+        "2",
+        "--workers",
+        "1",
+        "prefetch_factor=1",
+        "--checkpoint-every",
+        interval,
+        "--stall-timeout",
+        str(a.stall),
+        "--startup-grace",
+        "120",
+        "--fallback",
+        "fast,single",
+        "--project",
+        str(root / "runs"),
+        "--name",
+        name,
+    ]
+    code = run_logged(
+        rocm_yolo(args), root, root / f"{name}.log", a.timeout, env={"ROCM_YOLO_FAULT": f"worker-hang@2:{a.hang_batch}"}
+    )
     state = json.loads((root / "runs" / name / "rocm_yolo" / "supervisor.json").read_text())
     if code != 0 or not state.get("recoveries"):
         raise SystemExit(f"hang run {name}: exit {code}; log {root / f'{name}.log'}")
     r = state["recoveries"][0]
-    out = {"retrained": r["retrained_batches"], "detect": r["detect_seconds"], "restart": r["restart_seconds"],
-           "retrain": r["retrain_seconds"], "lost": state["lost_seconds"], "from": r["checkpoint"]}
-    print(f"  --checkpoint-every {interval} round {rnd}: resumed from {out['from']}, {out['retrained']} batches "
-          f"again, {out['lost']:.0f} s lost", flush=True)
+    out = {
+        "retrained": r["retrained_batches"],
+        "detect": r["detect_seconds"],
+        "restart": r["restart_seconds"],
+        "retrain": r["retrain_seconds"],
+        "lost": state["lost_seconds"],
+        "from": r["checkpoint"],
+    }
+    print(
+        f"  --checkpoint-every {interval} round {rnd}: resumed from {out['from']}, {out['retrained']} batches "
+        f"again, {out['lost']:.0f} s lost",
+        flush=True,
+    )
     return out
 
 
 def hang_table(a, rows: dict) -> list[str]:
-    lines = [f"(c) `ROCM_YOLO_FAULT=worker-hang@2:{a.hang_batch}` ({a.hang_train // 2} batches/epoch, imgsz 32, "
-             f"batch 2, 1 spawn worker, --stall-timeout {a.stall:g}, restart on 'single'); seconds, median (min-max)",
-             "", "| --checkpoint-every | resumed from | batches trained again | detect | restart | retrain "
-             "| lost to the hang |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"(c) `ROCM_YOLO_FAULT=worker-hang@2:{a.hang_batch}` ({a.hang_train // 2} batches/epoch, imgsz 32, "
+        f"batch 2, 1 spawn worker, --stall-timeout {a.stall:g}, restart on 'single'); seconds, median (min-max)",
+        "",
+        "| --checkpoint-every | resumed from | batches trained again | detect | restart | retrain | lost to the hang |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for interval, runs in rows.items():
         col = lambda k: [r[k] for r in runs]  # noqa: E731
-        lines.append(f"| {interval} | {', '.join(sorted(set(col('from'))))} | {med(col('retrained'), '{:.0f}')} | "
-                     f"{med(col('detect'), '{:.1f}')} | {med(col('restart'), '{:.1f}')} | "
-                     f"{med(col('retrain'), '{:.1f}')} | {med(col('lost'), '{:.1f}')} |")
-    return lines + ["", "Batches trained again are counted from the last heartbeat before the hang (at most a second "
-                        "old); the retraining time is measured until the new attempt is back at that batch.", ""]
+        lines.append(
+            f"| {interval} | {', '.join(sorted(set(col('from'))))} | {med(col('retrained'), '{:.0f}')} | "
+            f"{med(col('detect'), '{:.1f}')} | {med(col('restart'), '{:.1f}')} | "
+            f"{med(col('retrain'), '{:.1f}')} | {med(col('lost'), '{:.1f}')} |"
+        )
+    return lines + [
+        "",
+        "Batches trained again are counted from the last heartbeat before the hang (at most a second "
+        "old); the retraining time is measured until the new attempt is back at that batch.",
+        "",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--intervals", nargs="+", default=["4ba", "16ba"], help="(a) intervals besides 0 (default: 4ba 16ba)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--intervals", nargs="+", default=["4ba", "16ba"], help="(a) intervals besides 0 (default: 4ba 16ba)"
+    )
     p.add_argument("--rounds", type=int, default=3, help="(a) interleaved rounds (default: 3)")
     p.add_argument("--epochs", type=int, default=4, help="(a) epochs per run (default: 4: epochs 2-3 are measured)")
     p.add_argument("--train", type=int, default=128, help="(a) training images (default: 128)")
@@ -264,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_signals()
     try:
         with work_dir(a.dir, "bench-checkpoint-") as root:
-            from rocm_yolo.demo import write_demo
+            from rocm_yolo.launch.demo import write_demo
 
             print(f"work directory: {root}\n{machine_line()}", flush=True)
             command = " ".join(["python", f"benchmarks/{Path(__file__).name}", shlex.join(sys.argv[1:])]).strip()
@@ -281,16 +384,23 @@ def main(argv: list[str] | None = None) -> int:
                     found = []
                     for size in a.models:
                         found.append(stall_row(f"yolo26{size}.yaml", Path(tmp), a.repeats))
-                        print(f"  yolo26{size}: stall {found[-1]['stall']:.3f} s, write {found[-1]['write']:.2f} s",
-                              flush=True)
+                        print(
+                            f"  yolo26{size}: stall {found[-1]['stall']:.3f} s, write {found[-1]['write']:.2f} s",
+                            flush=True,
+                        )
                 out += stall_table(found, a.repeats)
                 per_batch = per_batch_cost(200_000)
-                out += [f"Per batch when no checkpoint is due (`on_train_batch_start` + `on_train_batch_end`, "
-                        f"200,000 calls): {per_batch * 1e6:.2f} µs.", ""]
+                out += [
+                    f"Per batch when no checkpoint is due (`on_train_batch_start` + `on_train_batch_end`, "
+                    f"200,000 calls): {per_batch * 1e6:.2f} µs.",
+                    "",
+                ]
             if not a.skip_hang:
                 data = write_demo(root / "hang-data", train=a.hang_train, val=4, size=64)
-                hangs = {i: [hang_round(a, data, root, i, rnd) for rnd in range(1, a.hang_rounds + 1)]
-                         for i in a.hang_intervals}
+                hangs = {
+                    i: [hang_round(a, data, root, i, rnd) for rnd in range(1, a.hang_rounds + 1)]
+                    for i in a.hang_intervals
+                }
                 out += hang_table(a, hangs)
             print()
             print("\n".join(out))

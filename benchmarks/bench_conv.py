@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 
-from rocm_yolo.conv_strategies import STRATEGIES
+from rocm_yolo.conv.strategies import STRATEGIES
 
 PHASES = ("train", "val")
 
@@ -109,8 +109,11 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--amp", action="store_true", help="train under autocast")
     parser.add_argument("--val-fp32", action="store_true", help="validate in float32 on a GPU too")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 on a busy shared machine, "
-                        "where waiting OpenMP threads spin)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads (default: torch's; 1 on a busy shared machine, where waiting OpenMP threads spin)",
+    )
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--phases", default=",".join(PHASES))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -123,9 +126,28 @@ def main() -> int:
     rows: dict = {}
     for phase in args.phases.split(","):
         for strategy in args.strategies.split(","):
-            cmd = [sys.executable, __file__, "--worker", strategy, "--phase", phase, "--model", args.model,
-                   "--imgsz", str(args.imgsz), "--batch", str(args.batch), "--iters", str(args.iters),
-                   "--device", args.device] + (["--amp"] if args.amp else []) + (["--val-fp32"] if args.val_fp32 else [])
+            cmd = (
+                [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    strategy,
+                    "--phase",
+                    phase,
+                    "--model",
+                    args.model,
+                    "--imgsz",
+                    str(args.imgsz),
+                    "--batch",
+                    str(args.batch),
+                    "--iters",
+                    str(args.iters),
+                    "--device",
+                    args.device,
+                ]
+                + (["--amp"] if args.amp else [])
+                + (["--val-fp32"] if args.val_fp32 else [])
+            )
             cmd += ["--threads", str(args.threads)] if args.threads else []
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
@@ -140,13 +162,20 @@ def main() -> int:
     cuda = args.device.startswith("cuda")
     memory = "peak allocated (MiB)" if cuda else "peak RSS growth (MiB)"
     val_dtype = "fp16" if cuda and not args.val_fp32 else "fp32"
-    print(f"\n{args.model}, imgsz {args.imgsz}, device {args.device}, median of {args.iters} after a warm-up; "
-          f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"{args.threads or torch.get_num_threads()} threads")
-    print(f"train: batch {args.batch}, forward + backward{' under autocast' if args.amp else ''}; "
-          f"val: batch {2 * args.batch}, fused, {val_dtype}, inference mode, {args.imgsz}x{(args.imgsz * 3 // 4 + 31) // 32 * 32}\n")
-    print(f"| strategy | train step (s) | vs native | val pass (s) | vs native | train {memory} | vs native "
-          f"| val {memory} | vs native |")
+    print(
+        f"\n{args.model}, imgsz {args.imgsz}, device {args.device}, median of {args.iters} after a warm-up; "
+        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+        f"{args.threads or torch.get_num_threads()} threads"
+    )
+    print(
+        f"train: batch {args.batch}, forward + backward{' under autocast' if args.amp else ''}; "
+        f"val: batch {2 * args.batch}, fused, {val_dtype}, inference mode, "
+        f"{args.imgsz}x{(args.imgsz * 3 // 4 + 31) // 32 * 32}\n"
+    )
+    print(
+        f"| strategy | train step (s) | vs native | val pass (s) | vs native | train {memory} | vs native "
+        f"| val {memory} | vs native |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
 
     def cell(strategy, phase, key, fmt):
@@ -157,8 +186,10 @@ def main() -> int:
         return f"{format(r[key], fmt)} | {ratio}"
 
     for strategy in args.strategies.split(","):
-        print(f"| {strategy} | {cell(strategy, 'train', 'seconds', '.2f')} | {cell(strategy, 'val', 'seconds', '.2f')} "
-              f"| {cell(strategy, 'train', 'peak_mb', '.0f')} | {cell(strategy, 'val', 'peak_mb', '.0f')} |")
+        print(
+            f"| {strategy} | {cell(strategy, 'train', 'seconds', '.2f')} | {cell(strategy, 'val', 'seconds', '.2f')} "
+            f"| {cell(strategy, 'train', 'peak_mb', '.0f')} | {cell(strategy, 'val', 'peak_mb', '.0f')} |"
+        )
     return 0
 
 

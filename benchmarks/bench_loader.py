@@ -2,7 +2,7 @@
 
 Each measurement runs in a fresh process shaped like rocm-yolo's training child: the
 default start method is set to spawn before torch is imported; for ``forkserver`` the
-preloaded fork server (rocm_yolo.forkserver) is started right then, as the child does;
+preloaded fork server (rocm_yolo.trainer.forkserver) is started right then, as the child does;
 then torch and Ultralytics are imported and Ultralytics' own training dataset (mosaic and
 the other augmentations) and ``build_dataloader`` are built, with rocm-yolo's DataLoader
 patch installed. The clock for "first batch" starts at ``iter(loader)``; "from start" is
@@ -41,7 +41,7 @@ def write_data(root: Path, images: int, real: bool) -> Path:
         from _photos import write_photo_set
 
         return write_photo_set(root / "photos", train=images, val=8)
-    from rocm_yolo.demo import write_demo
+    from rocm_yolo.launch.demo import write_demo
 
     return write_demo(root / "synthetic", train=images, val=8, size=640)
 
@@ -53,14 +53,14 @@ import multiprocessing
 multiprocessing.set_start_method("spawn", force=True)  # as rocm-yolo's training child, before torch
 args = json.loads(sys.argv[1])
 if args["method"] == "forkserver":
-    from rocm_yolo import forkserver
+    from rocm_yolo.trainer import forkserver
     forkserver.start(args["run_dir"])
 import torch
 from ultralytics.cfg import get_cfg
 from ultralytics.data.build import build_dataloader, build_yolo_dataset
 from ultralytics.data.utils import check_det_dataset
 from rocm_yolo.patches import dataloader as patch
-from rocm_yolo.profiles import resolve
+from rocm_yolo.run.profiles import resolve
 settings = resolve("fast", args["workers"], {"start_method": args["method"]}, cpu_count=64).loader
 patch.install(settings, args["run_dir"])
 data = check_det_dataset(args["data"])
@@ -86,14 +86,22 @@ loader.close()
 
 def measure(a, data: Path, root: Path, method: str, workers: int) -> dict:
     run_dir = root / f"run-{method}-{workers}"
-    args = {"method": method, "workers": workers, "data": str(data), "imgsz": a.imgsz, "batch": a.batch,
-            "batches": a.batches, "run_dir": str(run_dir)}
-    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True,
-                         timeout=a.timeout)
+    args = {
+        "method": method,
+        "workers": workers,
+        "data": str(data),
+        "imgsz": a.imgsz,
+        "batch": a.batch,
+        "batches": a.batches,
+        "run_dir": str(run_dir),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True, timeout=a.timeout
+    )
     line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
         raise SystemExit(f"{method} x{workers} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def main() -> int:
@@ -122,20 +130,27 @@ def main() -> int:
                     for method in methods:
                         r = measure(a, data, root / f"r{rnd}", method, workers)
                         results.setdefault((method, workers), []).append(r)
-                        print(f"  round {rnd + 1}: {method:<10} x{workers}: first batch {r['first_batch']:.2f} s "
-                              f"(from start {r['from_start']:.2f} s)", flush=True)
+                        print(
+                            f"  round {rnd + 1}: {method:<10} x{workers}: first batch {r['first_batch']:.2f} s "
+                            f"(from start {r['from_start']:.2f} s)",
+                            flush=True,
+                        )
     except KeyboardInterrupt:
         return interrupted()
-    print(f"\n{a.images} {'real-photo' if a.real else 'synthetic'} images, imgsz {a.imgsz}, batch {a.batch}; "
-          f"median of {a.rounds} rounds; first batch from iter(loader) (from process start)")
+    print(
+        f"\n{a.images} {'real-photo' if a.real else 'synthetic'} images, imgsz {a.imgsz}, batch {a.batch}; "
+        f"median of {a.rounds} rounds; first batch from iter(loader) (from process start)"
+    )
     header = "| workers | " + " | ".join(methods) + " |"
     print(header + "\n|" + "---|" * (len(methods) + 1))
     for workers in counts:
         cells = []
         for method in methods:
             rs = results[(method, workers)]
-            cells.append(f"{statistics.median(r['first_batch'] for r in rs):.2f} s "
-                         f"({statistics.median(r['from_start'] for r in rs):.1f} s)")
+            cells.append(
+                f"{statistics.median(r['first_batch'] for r in rs):.2f} s "
+                f"({statistics.median(r['from_start'] for r in rs):.1f} s)"
+            )
         print(f"| {workers} | " + " | ".join(cells) + " |")
     for method in methods:
         one = statistics.median(r["first_batch"] for r in results[(method, counts[0])])

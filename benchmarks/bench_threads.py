@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def measure_loading(spec: dict) -> dict:
     """Time to the first batch and images/s after it, for one loader setting (runs in this process)."""
     from rocm_yolo.patches import dataloader as patch
-    from rocm_yolo.profiles import resolve
+    from rocm_yolo.run.profiles import resolve
 
     kind, n = spec["kind"], spec["n"]
     if kind == "threads":
@@ -51,8 +51,9 @@ def measure_loading(spec: dict) -> dict:
 
     init_seeds(0)
     data = check_det_dataset(spec["data"])
-    dataset = build_yolo_dataset(get_cfg(overrides={"imgsz": spec["imgsz"]}), data["train"], spec["batch"], data,
-                                 mode="train")
+    dataset = build_yolo_dataset(
+        get_cfg(overrides={"imgsz": spec["imgsz"]}), data["train"], spec["batch"], data, mode="train"
+    )
     loader = build_dataloader(dataset, spec["batch"], n if kind == "processes" else 0, shuffle=True)
 
     def batches():
@@ -68,8 +69,13 @@ def measure_loading(spec: dict) -> dict:
         images += len(next(it)["im_file"])
     seconds = time.perf_counter() - t1
     applied = patch.built_loaders()[-1] if patch.installed() else {"workers": 0, "threads": 0}
-    result = {"first_batch_s": first, "images_per_s": images / seconds, "images": images,
-              "workers": applied.get("workers", 0), "threads": applied.get("threads", 0)}
+    result = {
+        "first_batch_s": first,
+        "images_per_s": images / seconds,
+        "images": images,
+        "workers": applied.get("workers", 0),
+        "threads": applied.get("threads", 0),
+    }
     print("RESULT " + json.dumps(result), flush=True)  # before close(): a worker may abort while shutting down
     loader.close()
     return result
@@ -85,11 +91,13 @@ def run_one(spec: dict, timeout: float) -> dict:
     lines = [x for x in text.splitlines() if x.startswith("RESULT ")]
     if not lines:
         raise SystemExit(f"measurement {spec['kind']} {spec['n']} exited with {code}; log {log}:\n{text[-2000:]}")
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT ") :])
     if code != 0:  # measured, then failed while closing the loader: keep the figure, say so
         result["exit_after"] = code
-        print(f"  note: {spec['kind']} {spec['n']} exited with {code} after measuring (closing the loader); "
-              f"log {log}", flush=True)
+        print(
+            f"  note: {spec['kind']} {spec['n']} exited with {code} after measuring (closing the loader); log {log}",
+            flush=True,
+        )
     return result
 
 
@@ -100,22 +108,37 @@ def threads_vs_processes(a, data: Path, root: Path) -> list[str]:
     results: dict[tuple, list[dict]] = {s: [] for s in settings}
     for rnd in range(1, a.rounds + 1):
         for kind, n in settings:
-            spec = {"kind": kind, "n": n, "data": str(data), "imgsz": a.imgsz, "batch": a.batch,
-                    "batches": a.batches, "start_method": a.start_method, "log": str(root / f"{kind}-{n}-r{rnd}.log")}
+            spec = {
+                "kind": kind,
+                "n": n,
+                "data": str(data),
+                "imgsz": a.imgsz,
+                "batch": a.batch,
+                "batches": a.batches,
+                "start_method": a.start_method,
+                "log": str(root / f"{kind}-{n}-r{rnd}.log"),
+            }
             r = run_one(spec, a.timeout)
             results[(kind, n)].append(r)
-            print(f"  round {rnd} {kind:9s} {n:2d}: first batch {r['first_batch_s']:6.2f} s, "
-                  f"{r['images_per_s']:7.1f} images/s", flush=True)
+            print(
+                f"  round {rnd} {kind:9s} {n:2d}: first batch {r['first_batch_s']:6.2f} s, "
+                f"{r['images_per_s']:7.1f} images/s",
+                flush=True,
+            )
     base = statistics.median(r["images_per_s"] for r in results[("main", 0)])
     method = a.start_method or "the fast profile's"
     lines = ["| loader | first batch (s) | images/s | vs main thread |", "| --- | --- | --- | --- |"]
     for (kind, n), runs in results.items():
-        label = {"main": "main thread (`single`, `workers=0`)", "threads": f"{n} loader thread(s) (`threads`)",
-                 "processes": f"{n} worker process(es) (`fast`, {method} start)"}[kind]
+        label = {
+            "main": "main thread (`single`, `workers=0`)",
+            "threads": f"{n} loader thread(s) (`threads`)",
+            "processes": f"{n} worker process(es) (`fast`, {method} start)",
+        }[kind]
         rate = [r["images_per_s"] for r in runs]
         first = [r["first_batch_s"] for r in runs]
-        lines.append(f"| {label} | {_spread(first)} | {_spread(rate, '{:.1f}')} | "
-                     f"{statistics.median(rate) / base:.2f}x |")
+        lines.append(
+            f"| {label} | {_spread(first)} | {_spread(rate, '{:.1f}')} | {statistics.median(rate) / base:.2f}x |"
+        )
     return lines
 
 
@@ -126,14 +149,17 @@ def _spread(xs: list[float], fmt: str = "{:.2f}") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--one", metavar="JSON", help=argparse.SUPPRESS)  # internal: one measurement in this process
     p.add_argument("--threads", type=int, nargs="*", default=[1, 2, 4], help="loader thread counts (default: 1 2 4)")
-    p.add_argument("--processes", type=int, nargs="*", default=[1, 2, 4],
-                   help="worker process counts (default: 1 2 4)")
-    p.add_argument("--start-method", choices=("spawn", "forkserver", "fork"),
-                   help="start method of the worker processes (default: the fast profile's)")
+    p.add_argument("--processes", type=int, nargs="*", default=[1, 2, 4], help="worker process counts (default: 1 2 4)")
+    p.add_argument(
+        "--start-method",
+        choices=("spawn", "forkserver", "fork"),
+        help="start method of the worker processes (default: the fast profile's)",
+    )
     p.add_argument("--images", type=int, default=128, help="train images in the photo set (default: 128)")
     p.add_argument("--imgsz", type=int, default=640)
     p.add_argument("--batch", type=int, default=8)
@@ -159,10 +185,12 @@ def main(argv: list[str] | None = None) -> int:
             lines = threads_vs_processes(a, data, root)
             command = " ".join(["python", f"benchmarks/{Path(__file__).name}", shlex.join(sys.argv[1:])]).strip()
             print(f"\ntotal {time.monotonic() - started:.0f} s\n")
-            print(f"Command: `{command}`\n\nMachine: {machine_line()}\n\n"
-                  f"Settings: {a.images} real-photo 640x480 JPEGs, imgsz {a.imgsz}, batch {a.batch}, Ultralytics' "
-                  f"training augmentations; images/s over {a.batches} batches after the first, consumer idle; "
-                  f"{a.rounds} round(s), median (min-max)\n")
+            print(
+                f"Command: `{command}`\n\nMachine: {machine_line()}\n\n"
+                f"Settings: {a.images} real-photo 640x480 JPEGs, imgsz {a.imgsz}, batch {a.batch}, Ultralytics' "
+                f"training augmentations; images/s over {a.batches} batches after the first, consumer idle; "
+                f"{a.rounds} round(s), median (min-max)\n"
+            )
             print("\n".join(lines))
             return 0
     except KeyboardInterrupt:

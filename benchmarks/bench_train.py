@@ -40,8 +40,12 @@ from _common import interrupted, machine_line, run_logged, stop_on_signals, work
 PROFILES = ("fast", "safe", "threads", "single")
 SIDES = ("plain-0", "plain-W", *PROFILES)
 # what each side is compared with, in the same round
-REFERENCES = {"single": ("plain-0", "threads"), "threads": ("plain-0", "single", "fast"),
-              "fast": ("plain-W",), "safe": ("plain-W", "fast")}
+REFERENCES = {
+    "single": ("plain-0", "threads"),
+    "threads": ("plain-0", "single", "fast"),
+    "fast": ("plain-W",),
+    "safe": ("plain-W", "fast"),
+}
 
 PLAIN_RUNNER = """\
 import json, sys
@@ -64,8 +68,16 @@ def epoch_times(results: Path) -> list[float]:
 
 
 def train_args(a, data: Path, workers: int) -> dict:
-    return {"data": str(data), "epochs": a.epochs, "imgsz": a.imgsz, "batch": a.batch, "device": a.device,
-            "workers": workers, "val": False, "plots": False}
+    return {
+        "data": str(data),
+        "epochs": a.epochs,
+        "imgsz": a.imgsz,
+        "batch": a.batch,
+        "device": a.device,
+        "workers": workers,
+        "val": False,
+        "plots": False,
+    }
 
 
 def plain_cmd(a, data: Path, side: str, project: Path, name: str) -> list[str]:
@@ -80,9 +92,30 @@ def rocm_cmd(a, data: Path, side: str, project: Path, name: str) -> list[str]:
         profile += ["--workers", str(a.workers)]
     elif side == "threads" and a.threads:
         profile += [f"threads={a.threads}"]
-    return [sys.executable, "-m", "rocm_yolo", "train", str(data), "--model", "yolo26n.yaml", *profile,
-            "--device", a.device, "--epochs", str(a.epochs), "--imgsz", str(a.imgsz), "--batch", str(a.batch),
-            "val=False", "plots=False", "--project", str(project), "--name", name]
+    return [
+        sys.executable,
+        "-m",
+        "rocm_yolo",
+        "train",
+        str(data),
+        "--model",
+        "yolo26n.yaml",
+        *profile,
+        "--device",
+        a.device,
+        "--epochs",
+        str(a.epochs),
+        "--imgsz",
+        str(a.imgsz),
+        "--batch",
+        str(a.batch),
+        "val=False",
+        "plots=False",
+        "--project",
+        str(project),
+        "--name",
+        name,
+    ]
 
 
 def one_run(a, side: str, rnd: int, data: Path, root: Path) -> list[float]:
@@ -96,8 +129,11 @@ def one_run(a, side: str, rnd: int, data: Path, root: Path) -> list[float]:
         tail = log.read_text(errors="replace")[-2000:]
         raise SystemExit(f"{side} run {name} exited with {code}; log {log}:\n{tail}")
     times = epoch_times(project / name / "results.csv")
-    print(f"  round {rnd} {label(a, side):8s}: {time.monotonic() - t0:5.1f} s wall, epochs "
-          + " ".join(f"{t:.2f}" for t in times), flush=True)
+    print(
+        f"  round {rnd} {label(a, side):8s}: {time.monotonic() - t0:5.1f} s wall, epochs "
+        + " ".join(f"{t:.2f}" for t in times),
+        flush=True,
+    )
     return times
 
 
@@ -111,47 +147,69 @@ def spread(xs: list[float], fmt: str = "{:.2f}") -> str:
 
 
 def describe(a, side: str) -> str:
-    return {"plain-0": "plain Ultralytics, `workers=0`",
-            "plain-W": f"plain Ultralytics, `workers={a.workers}` (fork)",
-            "fast": f"`--profile fast --workers {a.workers}`",
-            "safe": f"`--profile safe --workers {a.workers}`",
-            "threads": "`--profile threads`" + (f" `threads={a.threads}`" if a.threads else ""),
-            "single": "`--profile single`"}[side]
+    return {
+        "plain-0": "plain Ultralytics, `workers=0`",
+        "plain-W": f"plain Ultralytics, `workers={a.workers}` (fork)",
+        "fast": f"`--profile fast --workers {a.workers}`",
+        "safe": f"`--profile safe --workers {a.workers}`",
+        "threads": "`--profile threads`" + (f" `threads={a.threads}`" if a.threads else ""),
+        "single": "`--profile single`",
+    }[side]
 
 
 def report(a, results: dict) -> list[str]:
     measured = list(range(1, a.epochs - 1))  # 0-based epoch indices: not the first, not the last (final val)
     command = " ".join(["python", f"benchmarks/{Path(__file__).name}", shlex.join(sys.argv[1:])]).strip()
     mean = {side: [statistics.mean(run[e] for e in measured) for run in runs] for side, runs in results.items()}
-    lines = [f"Command: `{command}`", "", f"Machine: {machine_line()}", "",
-             f"Settings: {a.data} data, {a.train} train images, imgsz {a.imgsz}, batch {a.batch}, device {a.device}, "
-             f"{a.epochs} epochs, val=False, plots=False, {a.rounds} interleaved round(s); mean epoch time of epochs "
-             f"{measured[0] + 1}-{measured[-1] + 1} in s (epoch 1: start-up; epoch {a.epochs}: final val), median "
-             "(min-max) over rounds; ratios per round, then median (min-max)", "",
-             "| side | epoch s | compared with (same round) | epoch 1 s (start-up) | epoch 1 - reference's |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [
+        f"Command: `{command}`",
+        "",
+        f"Machine: {machine_line()}",
+        "",
+        f"Settings: {a.data} data, {a.train} train images, imgsz {a.imgsz}, batch {a.batch}, device {a.device}, "
+        f"{a.epochs} epochs, val=False, plots=False, {a.rounds} interleaved round(s); mean epoch time of epochs "
+        f"{measured[0] + 1}-{measured[-1] + 1} in s (epoch 1: start-up; epoch {a.epochs}: final val), median "
+        "(min-max) over rounds; ratios per round, then median (min-max)",
+        "",
+        "| side | epoch s | compared with (same round) | epoch 1 s (start-up) | epoch 1 - reference's |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     first = {side: [run[0] for run in runs] for side, runs in results.items()}
     for side, runs in mean.items():
         refs = [ref for ref in REFERENCES.get(side, ()) if ref in mean]
         ratios = [f"{spread([x / y for x, y in zip(runs, mean[ref])], '{:.3f}')} x {label(a, ref)}" for ref in refs]
-        extra = (f"{spread([x - y for x, y in zip(first[side], first[refs[0]])], '{:+.2f}')} s vs {label(a, refs[0])}"
-                 if refs else "-")
-        lines.append(f"| {describe(a, side)} | {spread(runs)} | {'; '.join(ratios) or '-'} | {spread(first[side])} "
-                     f"| {extra} |")
+        extra = (
+            f"{spread([x - y for x, y in zip(first[side], first[refs[0]])], '{:+.2f}')} s vs {label(a, refs[0])}"
+            if refs
+            else "-"
+        )
+        lines.append(
+            f"| {describe(a, side)} | {spread(runs)} | {'; '.join(ratios) or '-'} | {spread(first[side])} | {extra} |"
+        )
     lines += ["", "A ratio below 1 means the side is faster than the one it is compared with."]
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES),
-                   help="what to run each round (default: all); plain-W and fast/safe use --workers")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--sides",
+        nargs="+",
+        choices=SIDES,
+        default=list(SIDES),
+        help="what to run each round (default: all); plain-W and fast/safe use --workers",
+    )
     p.add_argument("--workers", type=int, default=2, help="W: workers of plain-W, fast and safe (default: 2)")
     p.add_argument("--threads", type=int, help="threads= of the threads profile (default: the profile's)")
     p.add_argument("--device", default="cpu", help="device of every run, e.g. cpu or 0 (default: cpu)")
-    p.add_argument("--data", choices=("synthetic", "photos"), default="synthetic",
-                   help="synthetic: the demo's coloured shapes; photos: real-photo 640x480 JPEGs (default: synthetic)")
+    p.add_argument(
+        "--data",
+        choices=("synthetic", "photos"),
+        default="synthetic",
+        help="synthetic: the demo's coloured shapes; photos: real-photo 640x480 JPEGs (default: synthetic)",
+    )
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every side (default: 3)")
     p.add_argument("--epochs", type=int, default=4, help="epochs per run, >= 3 (default: 4)")
     p.add_argument("--imgsz", type=int, default=64)
@@ -174,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 data = write_photo_set(root / "photos", train=a.train, val=a.val)
             else:
-                from rocm_yolo.demo import write_demo
+                from rocm_yolo.launch.demo import write_demo
 
                 data = write_demo(root / "data", train=a.train, val=a.val, size=max(a.imgsz, 64))
             print(f"work directory: {root}\n{machine_line()}", flush=True)

@@ -32,8 +32,20 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import interrupted, machine_line, run_logged, stop_on_signals, work_dir  # noqa: E402
 
-TINY = ["--model", "yolo26n.yaml", "--device", "cpu", "--workers", "2", "--imgsz", "32", "--batch", "4",
-        "prefetch_factor=1", "plots=False"]
+TINY = [
+    "--model",
+    "yolo26n.yaml",
+    "--device",
+    "cpu",
+    "--workers",
+    "2",
+    "--imgsz",
+    "32",
+    "--batch",
+    "4",
+    "prefetch_factor=1",
+    "plots=False",
+]
 
 
 def rocm_yolo(args: list[str]) -> list[str]:
@@ -42,13 +54,26 @@ def rocm_yolo(args: list[str]) -> list[str]:
 
 # (a) recovery latency --------------------------------------------------------------------------
 def hang_round(a, data: Path, root: Path, stall: float, rnd: int) -> dict:
-    from rocm_yolo.log import read_events
-    from rocm_yolo.paths import RunPaths
+    from rocm_yolo.run.events import read_events
+    from rocm_yolo.run.paths import RunPaths
 
     name = f"stall{stall:g}-r{rnd}"
     log = root / f"{name}.log"
-    args = ["train", str(data), "--epochs", "3", *TINY, "--stall-timeout", f"{stall:g}", "--startup-grace", "60",
-            "--project", str(root / "runs"), "--name", name]
+    args = [
+        "train",
+        str(data),
+        "--epochs",
+        "3",
+        *TINY,
+        "--stall-timeout",
+        f"{stall:g}",
+        "--startup-grace",
+        "60",
+        "--project",
+        str(root / "runs"),
+        "--name",
+        name,
+    ]
     t0 = time.monotonic()
     code = run_logged(rocm_yolo(args), root, log, a.timeout, env={"ROCM_YOLO_FAULT": a.fault})
     run = root / "runs" / name
@@ -57,24 +82,35 @@ def hang_round(a, data: Path, root: Path, stall: float, rnd: int) -> dict:
     hang = next((e for e in evs if e["event"] == "hang"), None)  # a crash restart before it would not count
     restart = next((e for e in evs if e["event"] == "restart" and hang and e["time"] >= hang["time"]), None)
     if code != 0 or not fired.exists() or hang is None or restart is None:
-        raise SystemExit(f"hang run {name}: exit {code}, fault fired {fired.exists()}, events "
-                         f"{[e['event'] for e in evs]}; log {log}:\n{log.read_text(errors='replace')[-2000:]}")
+        raise SystemExit(
+            f"hang run {name}: exit {code}, fault fired {fired.exists()}, events "
+            f"{[e['event'] for e in evs]}; log {log}:\n{log.read_text(errors='replace')[-2000:]}"
+        )
     hung, detected, restarted = fired.stat().st_mtime, hang["time"], restart["time"]
     batch = next((e["time"] for e in evs if e["event"] == "workers" and e["time"] > restarted), None)
     text = (run / "rocm-yolo.log").read_text(errors="replace") if (run / "rocm-yolo.log").exists() else ""
     timeout = re.search(r"\(timeout (\d+) s\)", text)
-    out = {"stall": stall, "timeout": int(timeout.group(1)) if timeout else None,
-           "no_progress": hang.get("seconds"), "detect": detected - hung, "restart": restarted - detected,
-           "first_batch": (batch - restarted) if batch else None, "total": (batch - hung) if batch else None}
-    print(f"  --stall-timeout {stall:g} round {rnd}: {time.monotonic() - t0:.0f} s wall, detection "
-          f"{out['detect']:.1f} s after the hang, restart +{out['restart']:.1f} s, first batch +"
-          f"{out['first_batch'] or float('nan'):.1f} s", flush=True)
+    out = {
+        "stall": stall,
+        "timeout": int(timeout.group(1)) if timeout else None,
+        "no_progress": hang.get("seconds"),
+        "detect": detected - hung,
+        "restart": restarted - detected,
+        "first_batch": (batch - restarted) if batch else None,
+        "total": (batch - hung) if batch else None,
+    }
+    print(
+        f"  --stall-timeout {stall:g} round {rnd}: {time.monotonic() - t0:.0f} s wall, detection "
+        f"{out['detect']:.1f} s after the hang, restart +{out['restart']:.1f} s, first batch +"
+        f"{out['first_batch'] or float('nan'):.1f} s",
+        flush=True,
+    )
     return out
 
 
 def heartbeat_it_s(run: Path) -> float | None:
-    from rocm_yolo.heartbeat import read
-    from rocm_yolo.paths import RunPaths
+    from rocm_yolo.run.heartbeat import read
+    from rocm_yolo.run.paths import RunPaths
 
     hb = read(RunPaths(run).heartbeat)
     return hb.it_s if hb and hb.it_s > 0 else None
@@ -82,7 +118,8 @@ def heartbeat_it_s(run: Path) -> float | None:
 
 # (b) heartbeat cost ---------------------------------------------------------------------------
 def heartbeat_cost(calls: int, writes: int) -> dict:
-    from rocm_yolo.heartbeat import MIN_INTERVAL, HeartbeatWriter
+    from rocm_yolo.run.heartbeat import MIN_INTERVAL
+    from rocm_yolo.trainer.heartbeat import HeartbeatWriter
 
     with tempfile.TemporaryDirectory(prefix="bench-hb-") as tmp:
         writer = HeartbeatWriter(Path(tmp) / "heartbeat.json")
@@ -113,38 +150,61 @@ def report(a, hangs: dict, hb: dict, batch_s: float | None) -> list[str]:
     command = " ".join(["python", f"benchmarks/{Path(__file__).name}", shlex.join(sys.argv[1:])]).strip()
     lines = [f"Command: `{command}`", "", f"Machine: {machine_line()}", ""]
     if hangs:
-        lines += [f"(a) `ROCM_YOLO_FAULT={a.fault}`, `rocm-yolo train DATA --epochs 3 {' '.join(TINY)} "
-                  f"--startup-grace 60` (16 train images), {a.rounds} round(s); seconds, median (min-max)", "",
-                  "| --stall-timeout | timeout used | no progress | hang -> detected | detected -> restart "
-                  "| restart -> first batch | hang -> first batch |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            f"(a) `ROCM_YOLO_FAULT={a.fault}`, `rocm-yolo train DATA --epochs 3 {' '.join(TINY)} "
+            f"--startup-grace 60` (16 train images), {a.rounds} round(s); seconds, median (min-max)",
+            "",
+            "| --stall-timeout | timeout used | no progress | hang -> detected | detected -> restart "
+            "| restart -> first batch | hang -> first batch |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for stall, rows in hangs.items():
             col = lambda k: [r[k] for r in rows]  # noqa: E731
-            lines.append(f"| {stall:g} | {med(col('timeout'), '{:.0f}')} | {med(col('no_progress'))} | "
-                         f"{med(col('detect'))} | {med(col('restart'))} | {med(col('first_batch'))} | "
-                         f"{med(col('total'))} |")
-        lines += ["", "detected -> restart: stack dump of the tree and its kill; restart -> first batch: a new "
-                  "training process, resume from last.pt, fresh spawn workers (profile 'safe').", ""]
+            lines.append(
+                f"| {stall:g} | {med(col('timeout'), '{:.0f}')} | {med(col('no_progress'))} | "
+                f"{med(col('detect'))} | {med(col('restart'))} | {med(col('first_batch'))} | "
+                f"{med(col('total'))} |"
+            )
+        lines += [
+            "",
+            "detected -> restart: stack dump of the tree and its kill; restart -> first batch: a new "
+            "training process, resume from last.pt, fresh spawn workers (profile 'safe').",
+            "",
+        ]
     per_write, per_call = hb["per_write"], hb["per_call"]
-    lines += [f"(b) heartbeat: {hb['calls']:,} `on_train_batch_end` calls ({per_call * 1e6:.2f} µs each, "
-              f"writes rate-limited to 1 per {hb['interval']:g} s), {hb['writes']} forced atomic writes "
-              f"({per_write * 1e6:.0f} µs each)", ""]
+    lines += [
+        f"(b) heartbeat: {hb['calls']:,} `on_train_batch_end` calls ({per_call * 1e6:.2f} µs each, "
+        f"writes rate-limited to 1 per {hb['interval']:g} s), {hb['writes']} forced atomic writes "
+        f"({per_write * 1e6:.0f} µs each)",
+        "",
+    ]
     if batch_s:
         cost = per_call + per_write * min(1.0, batch_s / hb["interval"])  # at most one write a batch
-        lines += ["| batch time | call | write share | heartbeat cost per batch | share of a batch |",
-                  "| --- | --- | --- | --- | --- |",
-                  f"| {batch_s * 1e3:.0f} ms ({a.batch_source}) | {per_call * 1e6:.2f} µs | "
-                  f"{per_write * min(1.0, batch_s / hb['interval']) * 1e6:.1f} µs | {cost * 1e6:.1f} µs | "
-                  f"{cost / batch_s:.4%} |", "",
-                  f"heartbeat cost per batch: {cost * 1e6:.1f} µs = {cost / batch_s:.4%} of a {batch_s * 1e3:.0f} ms "
-                  f"batch (goal: < 0.5%)"]
+        lines += [
+            "| batch time | call | write share | heartbeat cost per batch | share of a batch |",
+            "| --- | --- | --- | --- | --- |",
+            f"| {batch_s * 1e3:.0f} ms ({a.batch_source}) | {per_call * 1e6:.2f} µs | "
+            f"{per_write * min(1.0, batch_s / hb['interval']) * 1e6:.1f} µs | {cost * 1e6:.1f} µs | "
+            f"{cost / batch_s:.4%} |",
+            "",
+            f"heartbeat cost per batch: {cost * 1e6:.1f} µs = {cost / batch_s:.4%} of a {batch_s * 1e3:.0f} ms "
+            f"batch (goal: < 0.5%)",
+        ]
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stall-timeouts", type=float, nargs="+", default=[10.0, 30.0], metavar="S",
-                   help="--stall-timeout values to measure (default: 10 30)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--stall-timeouts",
+        type=float,
+        nargs="+",
+        default=[10.0, 30.0],
+        metavar="S",
+        help="--stall-timeout values to measure (default: 10 30)",
+    )
     p.add_argument("--rounds", type=int, default=1, help="hang runs per stall timeout (default: 1)")
     p.add_argument("--fault", default="worker-hang@2:1", help="ROCM_YOLO_FAULT of the hang runs")
     p.add_argument("--calls", type=int, default=200_000, help="heartbeat calls to time (default: 200000)")
@@ -160,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with work_dir(a.dir, "bench-watchdog-") as root:
-            from rocm_yolo.demo import write_demo
+            from rocm_yolo.launch.demo import write_demo
 
             data = write_demo(root / "data", train=16, val=8, size=64)
             print(f"work directory: {root}\n{machine_line()}", flush=True)
@@ -176,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
                 args = ["train", str(data), "--epochs", "2", *TINY, "--project", str(root / "runs"), "--name", "tiny"]
                 if run_logged(rocm_yolo(args), root, root / "tiny.log", a.timeout) == 0:
                     it_s = heartbeat_it_s(root / "runs" / "tiny")
-                    batch_s, a.batch_source = (1 / it_s if it_s else None), "heartbeat it_s, imgsz 32 batch 4, profile fast"
+                    batch_s, a.batch_source = (
+                        (1 / it_s if it_s else None),
+                        "heartbeat it_s, imgsz 32 batch 4, profile fast",
+                    )
             hb = heartbeat_cost(a.calls, a.writes)
             print()
             print("\n".join(report(a, hangs, hb, batch_s)))

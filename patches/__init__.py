@@ -1,1 +1,9 @@
-"""Runtime patches installed in the training child: DataLoader (spawn-safe loaders) and Conv2d."""
+"""The runtime patches of the training child, installed as ``rocm_yolo.patches``; each is idempotent and removable.
+
+- :mod:`.dataloader`: ``DataLoader.__init__`` gets the profile's loader settings (start method, persistence,
+  prefetch, pin memory, timeout) and a ``worker_init_fn`` that registers faulthandler in every worker;
+- :mod:`.threads`: ``DataLoader._get_iterator`` loads marked loaders in threads of the trainer (profile ``threads``);
+- :mod:`.thread_rng`: per-thread generators behind the module-level ``random`` and ``numpy.random`` functions;
+- :mod:`.trainloop`: Ultralytics' training loop continued inside an epoch (a module-global ``enumerate``);
+- :mod:`.conv`: ``nn.Conv2d._conv_forward`` replaced by a picklable strategy, for cards whose MIOpen fails.
+"""

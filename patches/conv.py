@@ -34,7 +34,7 @@ Strategies (``STRATEGIES``):
   ``F.batch_norm`` passes the flag along). Nothing is patched on ``nn.Conv2d``, so
   nothing can reach a checkpoint either.
 
-The names come from :mod:`rocm_yolo.conv_strategies` (``PER_OP`` are the ones a
+The names come from :mod:`rocm_yolo.conv.strategies` (``PER_OP`` are the ones a
 :class:`PicklableConvForward` runs).
 """
 
@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rocm_yolo.conv_strategies import MIOPEN_OFF, PER_OP, STRATEGIES
+from rocm_yolo.conv.strategies import MIOPEN_OFF, PER_OP, STRATEGIES
 
 __all__ = [
     "STRATEGIES",
@@ -126,8 +126,7 @@ def _device_type(t: torch.Tensor) -> str:
 def _autocast_cast(dtype, *tensors):
     """Cast like autocast does for conv2d: floating tensors except float64 go to ``dtype``."""
     return tuple(
-        t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
-        for t in tensors
+        t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t for t in tensors
     )
 
 
@@ -183,8 +182,16 @@ class _AtenConv(torch.autograd.Function):
         with cudnn_disabled():
             gi, gw, gb = torch.ops.aten.convolution_backward(
                 grad_out.contiguous(memory_format=_suggest_format(input)),
-                input, weight, bias_sizes, list(stride), list(padding), list(dilation),
-                False, [0, 0], groups, mask,
+                input,
+                weight,
+                bias_sizes,
+                list(stride),
+                list(padding),
+                list(dilation),
+                False,
+                [0, 0],
+                groups,
+                mask,
             )
         return gi, gw, gb if mask[2] else None, None, None, None, None
 
@@ -213,9 +220,7 @@ def _fp32_forward(conv, input, weight, bias):
     if result_dtype not in _LOW_PRECISION:
         return _TORCH_CONV_FORWARD(conv, input, weight, bias)
     with torch.autocast(_device_type(input), enabled=False):
-        out = _TORCH_CONV_FORWARD(
-            conv, input.float(), weight.float(), None if bias is None else bias.float()
-        )
+        out = _TORCH_CONV_FORWARD(conv, input.float(), weight.float(), None if bias is None else bias.float())
     return out.to(result_dtype)
 
 
@@ -293,7 +298,13 @@ def _gemm_forward(conv, input, weight, bias, chunk_bytes=None):
         input, weight, bias = _autocast_cast(dtype, input, weight, bias)
     with torch.autocast(_device_type(input), enabled=False):
         return _GemmConv.apply(
-            input, weight, bias, tuple(conv.stride), padding, tuple(conv.dilation), conv.groups,
+            input,
+            weight,
+            bias,
+            tuple(conv.stride),
+            padding,
+            tuple(conv.dilation),
+            conv.groups,
             chunk_bytes or _gemm_chunk_bytes(),
         )
 
@@ -362,14 +373,16 @@ def install(strategy: str) -> None:
     not affected.
     """
     if strategy not in STRATEGIES:
-        hint = " (resolve 'auto' first with rocm_yolo.convtest.resolve_strategy)" if strategy == "auto" else ""
+        hint = " (resolve 'auto' first with rocm_yolo.conv.selftest.resolve_strategy)" if strategy == "auto" else ""
         raise ValueError(f"unknown conv strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}{hint}")
     with _lock:
         current = nn.Conv2d.__dict__["_conv_forward"]
         if _state["strategy"] is None:
             _state["original"] = current
         original = _state["original"]
-        nn.Conv2d._conv_forward = original if strategy in ("native", MIOPEN_OFF) else PicklableConvForward(strategy, original)
+        nn.Conv2d._conv_forward = (
+            original if strategy in ("native", MIOPEN_OFF) else PicklableConvForward(strategy, original)
+        )
         if strategy == MIOPEN_OFF and _state["cudnn"] is None:
             _state["cudnn"] = torch.backends.cudnn.enabled
             torch.backends.cudnn.enabled = False

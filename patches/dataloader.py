@@ -1,14 +1,16 @@
-"""Spawn-safe DataLoaders: one patch on ``torch.utils.data.DataLoader.__init__``.
+"""Fork-safe DataLoaders: one patch on ``torch.utils.data.DataLoader.__init__``.
 
 Every DataLoader created while the patch is installed, Ultralytics' ``InfiniteDataLoader``
 included (it calls ``DataLoader.__init__`` through ``super()``), gets the run's loader
 settings when it has worker processes:
 
-- ``multiprocessing_context``: spawn, unless the loader chose one itself (a user's
-  explicit ``start_method=`` wins over both);
+- ``multiprocessing_context``: the profile's start method (the preloaded fork server,
+  :mod:`rocm_yolo.trainer.forkserver`, by default), unless the loader chose one itself (a
+  user's explicit ``start_method=`` wins over both);
 - ``persistent_workers``, ``prefetch_factor``, ``pin_memory`` and ``timeout`` from the profile;
 - ``worker_init_fn`` wrapped by :class:`WorkerInit`, which registers faulthandler in the
-  worker (spawned workers inherit no signal handlers) and records how the worker was made.
+  worker (workers made by spawn or the fork server inherit no signal handlers) and records
+  how the worker was made.
 
 A loader with ``num_workers=0`` only gets ``pin_memory``: torch rejects the other settings
 there; under a ``threads`` setting (profile ``threads``) it is marked to load in threads of
@@ -34,10 +36,10 @@ from typing import Any, Callable, Mapping
 import torch.utils.data
 
 from rocm_yolo.patches import threads
-from rocm_yolo.paths import RunPaths
-from rocm_yolo.proctree import DUMP_SIGNAL  # the watchdog sends it to dump Python stacks with faulthandler
-from rocm_yolo.profiles import LoaderSettings
-
+from rocm_yolo.run import hooks
+from rocm_yolo.run.lifecycle import DUMP_SIGNAL, alive, die_with_parent  # DUMP_SIGNAL: the watchdog's stack dump
+from rocm_yolo.run.paths import RunPaths
+from rocm_yolo.run.profiles import LoaderSettings
 
 _original_init: Callable | None = None
 _settings: LoaderSettings | None = None
@@ -161,11 +163,14 @@ def describe(entry: Mapping) -> str:
     """One log line for a loader entry of :func:`built_loaders`."""
     capped = f" (requested {entry['requested_workers']})" if entry["requested_workers"] != entry["workers"] else ""
     if not entry["workers"] and entry.get("threads"):
-        return (f"{entry['role']} loader: workers=0{capped} threads={entry['threads']} (in the trainer process) "
-                f"prefetch={entry['prefetch_factor']} pin_memory={str(entry['pin_memory']).lower()} "
-                f"timeout={entry['timeout']:g}")
+        return (
+            f"{entry['role']} loader: workers=0{capped} threads={entry['threads']} (in the trainer process) "
+            f"prefetch={entry['prefetch_factor']} pin_memory={str(entry['pin_memory']).lower()} "
+            f"timeout={entry['timeout']:g}"
+        )
     if not entry["workers"]:
-        return f"{entry['role']} loader: workers=0{capped} (in the main process), pin_memory={str(entry['pin_memory']).lower()}"
+        pin = str(entry["pin_memory"]).lower()
+        return f"{entry['role']} loader: workers=0{capped} (in the main process), pin_memory={pin}"
     return (
         f"{entry['role']} loader: workers={entry['workers']}{capped} start={entry['start_method']} "
         f"persistent={str(entry['persistent_workers']).lower()} prefetch={entry['prefetch_factor']} "
@@ -204,23 +209,19 @@ class WorkerInit:
     def __call__(self, worker_id: int) -> None:
         if self.run_dir is not None:
             self._register(worker_id)
-        from rocm_yolo import faults
-
         info = torch.utils.data.get_worker_info()
-        faults.arm_worker(info.dataset if info else None, self.run_dir)
+        hooks.arm_worker(info.dataset if info else None, self.run_dir)  # tests only: ROCM_YOLO_FAULT=worker-hang
         if self.inner is not None:
             self.inner(worker_id)
 
     def _register(self, worker_id: int) -> None:
-        from rocm_yolo import proctree
-
         # A worker stuck in native code dies with its parent all the same (the trainer, or the
         # fork server, which dies with the trainer); one that finishes starting after the
         # trainer died goes at once (torch's own watchdog would then take the new parent,
         # init, for the trainer and wait forever).
         parent = os.getppid()
-        proctree.die_with_parent(parent)
-        if parent != self.trainer_pid and not proctree.alive(self.trainer_pid):
+        die_with_parent(parent)
+        if parent != self.trainer_pid and not alive(self.trainer_pid):
             os.kill(os.getpid(), 9)
         paths = RunPaths(self.run_dir)
         paths.stacks.mkdir(parents=True, exist_ok=True)

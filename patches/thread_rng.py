@@ -33,15 +33,20 @@ _originals: dict[tuple[object, str], Callable] = {}  # (module, name) -> the ori
 
 def _random_names() -> list[str]:
     state = getattr(random, "_inst", None)
-    return [n for n in dir(random) if not n.startswith("_") and getattr(getattr(random, n), "__self__", None) is state
-            and state is not None]
+    return [
+        n
+        for n in dir(random)
+        if not n.startswith("_") and getattr(getattr(random, n), "__self__", None) is state and state is not None
+    ]
 
 
 def _numpy_names() -> list[str]:
     state = getattr(getattr(np.random, "mtrand", None), "_rand", None)
     if state is None:
         return []
-    bound = [n for n in dir(np.random) if not n.startswith("_") and getattr(getattr(np.random, n), "__self__", None) is state]
+    bound = [
+        n for n in dir(np.random) if not n.startswith("_") and getattr(getattr(np.random, n), "__self__", None) is state
+    ]
     # plain functions of numpy.random that use the global state too
     return bound + [n for n in ("seed", "ranf", "sample") if hasattr(np.random, n) and n not in bound]
 

@@ -60,12 +60,13 @@ import torch
 import torch.utils.data
 
 from rocm_yolo.patches import thread_rng
+from rocm_yolo.run import hooks
 
-try:  # torch internals (listed in rocm_yolo.compat): without them the marked loaders load in the main thread
+try:  # torch internals (listed in rocm_yolo.trainer.compat): without them the marked loaders load in the main thread
     from torch._utils import ExceptionWrapper
-    from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
     from torch.utils.data._utils.pin_memory import pin_memory as _pin
     from torch.utils.data._utils.worker import _generate_state
+    from torch.utils.data.dataloader import _BaseDataLoaderIter, _DatasetKind
 except ImportError:  # pragma: no cover - depends on the torch version
     _BaseDataLoaderIter = None
 
@@ -132,8 +133,14 @@ def uninstall() -> None:
     thread_rng.uninstall()
 
 
-def attach(loader, threads: int, prefetch: int | None, timeout: float, role: str | None = None,
-           run_dir: str | os.PathLike | None = None) -> ThreadPlan | None:
+def attach(
+    loader,
+    threads: int,
+    prefetch: int | None,
+    timeout: float,
+    role: str | None = None,
+    run_dir: str | os.PathLike | None = None,
+) -> ThreadPlan | None:
     """Mark ``loader`` (built with ``num_workers=0``) to load in up to ``threads`` threads.
 
     No more threads than batches in one pass (as Ultralytics caps its workers); a loader with
@@ -147,8 +154,13 @@ def attach(loader, threads: int, prefetch: int | None, timeout: float, role: str
     n = min(threads, batches)
     if batches <= 1 or n < 1 or loader.num_workers != 0 or isinstance(loader.dataset, torch.utils.data.IterableDataset):
         return None
-    plan = ThreadPlan(threads=n, prefetch=max(1, prefetch or 2), timeout=float(timeout or 0), role=role or "other",
-                      run_dir=None if run_dir is None else str(run_dir))
+    plan = ThreadPlan(
+        threads=n,
+        prefetch=max(1, prefetch or 2),
+        timeout=float(timeout or 0),
+        role=role or "other",
+        run_dir=None if run_dir is None else str(run_dir),
+    )
     setattr(loader, ATTRIBUTE, plan)
     return plan
 
@@ -221,8 +233,10 @@ def thread_copy(dataset: Any) -> Any:
             try:
                 own[name] = copy.deepcopy(state[name], memo)
             except Exception as e:  # noqa: BLE001 - e.g. a third-party transform that cannot be copied
-                raise RuntimeError(f"loader threads: cannot copy the dataset's {name} for a thread "
-                                   f"({type(e).__name__}: {e}); use --profile single") from e
+                raise RuntimeError(
+                    f"loader threads: cannot copy the dataset's {name} for a thread "
+                    f"({type(e).__name__}: {e}); use --profile single"
+                ) from e
     return twin
 
 
@@ -233,8 +247,10 @@ def worker_seeds(base_seed: int, worker_id: int, worker_init_fn: Callable | None
     Ultralytics' ``seed_worker`` (its loaders' ``worker_init_fn``) then reseeds both with
     ``torch.initial_seed() % 2**32``, which in the worker is ``base_seed + worker_id``.
     """
-    if getattr(worker_init_fn, "__module__", None) == "ultralytics.data.build" and \
-            getattr(worker_init_fn, "__qualname__", None) == "seed_worker":
+    if (
+        getattr(worker_init_fn, "__module__", None) == "ultralytics.data.build"
+        and getattr(worker_init_fn, "__qualname__", None) == "seed_worker"
+    ):
         seed = (base_seed + worker_id) % 2**32
         return seed, seed
     return base_seed + worker_id, _generate_state(base_seed, worker_id)
@@ -248,8 +264,18 @@ class LoaderThread(threading.Thread):
 
     pid = None  # not a process: there is nothing to signal or kill (Ultralytics and the events log read .pid)
 
-    def __init__(self, worker_id: int, dataset: Any, fetch_args: tuple, seeds: tuple, pin: bool,
-                 device_type: str | None, device_index: int | None, hang: Callable[[], None] | None, role: str):
+    def __init__(
+        self,
+        worker_id: int,
+        dataset: Any,
+        fetch_args: tuple,
+        seeds: tuple,
+        pin: bool,
+        device_type: str | None,
+        device_index: int | None,
+        hang: Callable[[], None] | None,
+        role: str,
+    ):
         super().__init__(name=f"rocm-yolo-{role}-loader-{worker_id}", daemon=True)
         self.worker_id, self.role = worker_id, role
         self.dataset = dataset
@@ -311,7 +337,6 @@ class ThreadedLoaderIter(_BaseDataLoaderIter if _BaseDataLoaderIter is not None 
 
     def __init__(self, loader, plan: ThreadPlan):
         super().__init__(loader)  # index sampler, collate, pin memory, and the base seed from loader.generator
-        from rocm_yolo import faults
 
         self._timeout = plan.timeout  # the loader itself keeps timeout=0: torch's own iterator rejects others
         self._prefetch = plan.prefetch
@@ -320,11 +345,19 @@ class ThreadedLoaderIter(_BaseDataLoaderIter if _BaseDataLoaderIter is not None 
         self._exhausted = False
         device_index = torch.accelerator.current_device_index() if self._pin_memory else None
         fetch_args = (self._auto_collation, self._collate_fn, self._drop_last)
-        hang = faults.worker_hang_check(plan.run_dir)
+        hang = hooks.worker_hang_check(plan.run_dir)  # tests only: ROCM_YOLO_FAULT=worker-hang
         self._workers = [
-            LoaderThread(i, thread_copy(self._dataset), fetch_args,
-                         worker_seeds(self._base_seed, i, loader.worker_init_fn), self._pin_memory,
-                         self._pin_memory_device, device_index, hang, plan.role)
+            LoaderThread(
+                i,
+                thread_copy(self._dataset),
+                fetch_args,
+                worker_seeds(self._base_seed, i, loader.worker_init_fn),
+                self._pin_memory,
+                self._pin_memory_device,
+                device_index,
+                hang,
+                plan.role,
+            )
             for i in range(plan.threads)
         ]
         for w in self._workers:

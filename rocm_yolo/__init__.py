@@ -10,7 +10,7 @@ __all__ = ["train", "UsageError", "__version__"]
 
 def __getattr__(name):  # PEP 562: keep `import rocm_yolo` light (spawned workers import it too)
     if name == "train":
-        from rocm_yolo.launch import train
+        from rocm_yolo.api import train
 
         return train
     if name == "UsageError":

@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 from rocm_yolo import __version__, errors
-from rocm_yolo.conv_strategies import CHOICES as CONV_STRATEGIES
+from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
 from rocm_yolo.errors import UsageError
-from rocm_yolo.profiles import DEFAULT_LADDER, PROFILES, parse_ladder
+from rocm_yolo.run.profiles import DEFAULT_PROFILE, PROFILES, parse_ladder
+from rocm_yolo.supervisor.config import DEFAULTS as WATCHDOG
 
 EPILOG = errors.HELP
 
@@ -36,40 +37,79 @@ def _add_train(sub) -> None:
         "loader settings too: persistent_workers=, prefetch_factor=, pin_memory=, timeout=, val_workers=, "
         "threads= (loader threads of --profile threads).",
     )
-    p.add_argument("data", nargs="?", metavar="DATA",
-                   help="dataset YAML (for a -cls model: a directory of class folders), or 'demo' for the built-in demo set")
+    p.add_argument(
+        "data",
+        nargs="?",
+        metavar="DATA",
+        help="dataset YAML (for a -cls model: a directory of class folders), or 'demo' for the built-in demo set",
+    )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Ultralytics train arguments")
     p.add_argument("--model", help="model .pt or .yaml (default: Ultralytics' yolo26n.pt; yolo26n.yaml for demo)")
     p.add_argument("--workers", metavar="N", help="DataLoader workers (default: the profile's)")
-    p.add_argument("--profile", choices=list(PROFILES), help="settings profile (default: fast; on resume: the run's)")
+    p.add_argument(
+        "--profile", choices=list(PROFILES), help=f"settings profile (default: {DEFAULT_PROFILE}; on resume: the run's)"
+    )
     p.add_argument("--epochs", type=int, metavar="N")
     p.add_argument("--imgsz", type=int, metavar="N")
     p.add_argument("--batch", type=float, metavar="N", help="batch size (-1 for AutoBatch)")
     p.add_argument("--device", metavar="D", help="cpu, 0, 0,1, ... (default: Ultralytics' choice)")
     p.add_argument("--project", metavar="DIR", help="output directory (default: runs/TASK, e.g. runs/detect)")
     p.add_argument("--name", metavar="NAME", help="run name (default: train, train-2, ...)")
-    p.add_argument("--resume", nargs="?", const=True, metavar="LAST_PT",
-                   help="continue a run from its last.pt (default: the newest under the project)")
-    p.add_argument("--conv", choices=CONV_STRATEGIES,
-                   help="Conv2d strategy for GPUs whose MIOpen convolutions fail; miopen-off turns MIOpen off "
-                        "for the whole process (default: auto: the fastest that passes a self-test)")
-    p.add_argument("--checkpoint-every", metavar="INTERVAL",
-                   help="write a mid-epoch checkpoint this often: 30s, 10m, 1h, 500ba (batches), or 0 for never "
-                        "(default: 10m; on resume: the run's); a hang then costs at most that much work")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        metavar="LAST_PT",
+        help="continue a run from its last.pt (default: the newest under the project)",
+    )
+    p.add_argument(
+        "--conv",
+        choices=CONV_STRATEGIES,
+        help="Conv2d strategy for GPUs whose MIOpen convolutions fail; miopen-off turns MIOpen off "
+        "for the whole process (default: auto: the fastest that passes a self-test)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        metavar="INTERVAL",
+        help="write a mid-epoch checkpoint this often: 30s, 10m, 1h, 500ba (batches), or 0 for never "
+        "(default: 10m; on resume: the run's); a hang then costs at most that much work",
+    )
     w = p.add_argument_group("watchdog")
     w.add_argument("--no-watchdog", action="store_true", help="no stall detection and no automatic restarts")
-    w.add_argument("--stall-timeout", type=float, default=180.0, metavar="SECONDS",
-                   help="a hang is no progress for this long at least (default: 180; grows with slow steps)")
-    w.add_argument("--startup-grace", type=float, default=900.0, metavar="SECONDS",
-                   help="allowance before the first training batch of each attempt (default: 900)")
-    w.add_argument("--max-restarts", type=int, default=3, metavar="N", help="restarts after a hang or crash (default: 3)")
-    w.add_argument("--fallback", default=",".join(DEFAULT_LADDER), metavar="P1,P2,...",
-                   help=f"profiles to step through on each restart (default: {','.join(DEFAULT_LADDER)})")
+    w.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=WATCHDOG.stall_timeout,
+        metavar="SECONDS",
+        help=f"a hang is no progress for this long at least (default: {WATCHDOG.stall_timeout:g}; "
+        "grows with slow steps)",
+    )
+    w.add_argument(
+        "--startup-grace",
+        type=float,
+        default=WATCHDOG.startup_grace,
+        metavar="SECONDS",
+        help=f"allowance before the first training batch of each attempt (default: {WATCHDOG.startup_grace:g})",
+    )
+    w.add_argument(
+        "--max-restarts",
+        type=int,
+        default=WATCHDOG.max_restarts,
+        metavar="N",
+        help=f"restarts after a hang or crash (default: {WATCHDOG.max_restarts})",
+    )
+    w.add_argument(
+        "--fallback",
+        default=",".join(WATCHDOG.ladder),
+        metavar="P1,P2,...",
+        help=f"profiles to step through on each restart (default: {','.join(WATCHDOG.ladder)})",
+    )
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="rocm-yolo", description="Dependable Ultralytics YOLO training on AMD GPUs with ROCm.",
-                    epilog=EPILOG)
+    parser = Parser(
+        prog="rocm-yolo", description="Dependable Ultralytics YOLO training on AMD GPUs with ROCm.", epilog=EPILOG
+    )
     parser.add_argument("--version", action="version", version=f"rocm-yolo {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     _add_train(sub)
@@ -78,9 +118,9 @@ def build_parser() -> Parser:
     st.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="run directory (default: the newest under runs/)")
     st.add_argument("--json", action="store_true", help="machine-readable output")
     doc = sub.add_parser("doctor", help="find the cause of a hang before spending GPU hours")
-    from rocm_yolo import doctor
+    from rocm_yolo.doctor.cli import add_arguments
 
-    doctor.add_arguments(doc)
+    add_arguments(doc)
     return parser
 
 
@@ -99,28 +139,43 @@ def cmd_profiles(args) -> int:
     return errors.OK
 
 
-def cmd_train(args) -> int:
-    from rocm_yolo import launch
-    from rocm_yolo.paths import RunPaths
-    from rocm_yolo.supervisor import State, WatchdogConfig
+def _request(args) -> tuple[str | None, str | bool | None, dict]:
+    """DATA, --resume and KEY=VALUE as the user meant them (``--resume KEY=VALUE``, only KEY=VALUE given)."""
+    from rocm_yolo.launch.request import parse_key_values
 
-    overrides = list(args.overrides)
-    data = args.data
+    overrides, data, resume = list(args.overrides), args.data, args.resume
     if data is not None and "=" in data:  # only KEY=VALUE given (e.g. with --resume)
         overrides.insert(0, data)
         data = None
-    resume = args.resume
     if isinstance(resume, str) and "=" in resume and not Path(resume).exists():  # --resume KEY=VALUE
         overrides.insert(0, resume)
         resume = True
-    batch = args.batch
-    if batch is not None and float(batch).is_integer():
-        batch = int(batch)
+    return data, resume, parse_key_values(overrides)
+
+
+def _watchdog(args):
+    from rocm_yolo.supervisor.config import WatchdogConfig
+
     if args.max_restarts < 0:
         raise UsageError("--max-restarts must be >= 0")
     if args.stall_timeout <= 0 or args.startup_grace <= 0:
         raise UsageError("--stall-timeout and --startup-grace must be > 0 seconds")
-    spec = launch.make_spec(
+    return WatchdogConfig(
+        enabled=not args.no_watchdog,
+        stall_timeout=args.stall_timeout,
+        startup_grace=args.startup_grace,
+        max_restarts=args.max_restarts,
+        ladder=parse_ladder(args.fallback),
+    )
+
+
+def cmd_train(args) -> int:
+    from rocm_yolo import launch
+
+    data, resume, extra = _request(args)
+    batch = int(args.batch) if args.batch is not None and float(args.batch).is_integer() else args.batch
+    config = _watchdog(args)
+    spec = launch.prepare(
         data,
         model=args.model,
         workers=args.workers,
@@ -134,28 +189,35 @@ def cmd_train(args) -> int:
         resume=resume,
         conv=args.conv,
         checkpoint_every=args.checkpoint_every,
-        extra=launch.parse_key_values(overrides),
-    )
-    config = WatchdogConfig(
-        enabled=not args.no_watchdog,
-        stall_timeout=args.stall_timeout,
-        startup_grace=args.startup_grace,
-        max_restarts=args.max_restarts,
-        ladder=parse_ladder(args.fallback),
+        extra=extra,
     )
     started = time.time()
     result = launch.run(spec, config, user_resume=resume is not None)
+    _say_how_it_ended(result, started)
+    return result.exit_code
+
+
+def _say_how_it_ended(result, started: float) -> None:
+    from rocm_yolo.run.paths import RunPaths
+    from rocm_yolo.supervisor.states import State
+
     paths = RunPaths(result.run_dir)
     if result.state == State.FINISHED:
         epochs = _count_epochs(paths.results)
         retrained = sum(r.get("retrained_batches") or 0 for r in result.recoveries)
-        extra = (f", {result.restarts} restart(s) ({retrained:,} batches trained again), "
-                 f"{result.lost_seconds:.0f} s lost to hangs" if result.restarts else "")
-        print(f"rocm-yolo: done: {epochs} epoch{'s' if epochs != 1 else ''} in {time.time() - started:.1f} s{extra}; "
-              f"weights: {paths.last} and {paths.best}", file=sys.stderr)
+        extra = (
+            f", {result.restarts} restart(s) ({retrained:,} batches trained again), "
+            f"{result.lost_seconds:.0f} s lost to hangs"
+            if result.restarts
+            else ""
+        )
+        print(
+            f"rocm-yolo: done: {epochs} epoch{'s' if epochs != 1 else ''} in {time.time() - started:.1f} s{extra}; "
+            f"weights: {paths.last} and {paths.best}",
+            file=sys.stderr,
+        )
     elif result.state == State.FAILED:
         print(f"rocm-yolo: failed after {result.restarts} restart(s); see {paths.log}", file=sys.stderr)
-    return result.exit_code
 
 
 def _count_epochs(csv: Path) -> int:
@@ -204,9 +266,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_profiles(args)
         if args.command == "status":
             return cmd_status(args)
-        from rocm_yolo import doctor
+        from rocm_yolo.doctor.cli import run as run_doctor
 
-        return doctor.run(args)
+        return run_doctor(args)
     except UsageError as e:
         print(f"rocm-yolo: error: {e}", file=sys.stderr)
         return errors.USAGE

@@ -23,6 +23,7 @@ This module is imported by the CLI and the training child: it imports nothing he
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import re
 import sys
@@ -79,8 +80,11 @@ _GPU_RUNTIME = re.compile(
     r"Torch not compiled with CUDA|CUDA out of memory|HIP out of memory",
     re.I,
 )
-_OFFLINE = re.compile(r"Download failure|offline|Temporary failure in name resolution|Name or service not known|"
-                      r"Failed to establish a new connection|Max retries exceeded|Network is unreachable", re.I)
+_OFFLINE = re.compile(
+    r"Download failure|offline|Temporary failure in name resolution|Name or service not known|"
+    r"Failed to establish a new connection|Max retries exceeded|Network is unreachable",
+    re.I,
+)
 # Ultralytics' checks of what the user passed, by module (functions, or methods of its classes): an error
 # raised inside one of these is the user's. compat checks that each is still defined where it says.
 ULTRALYTICS_USER_CHECKS = {
@@ -103,9 +107,12 @@ class Classified:
     error: BaseException
 
 
-def one_line(error: BaseException) -> str:
+def one_line(error: BaseException, *, typed: bool = True) -> str:
+    """``"KeyError: 'x'"``: the exception's type and the first line of its message (``typed=False``: the line only)."""
     text = str(error).strip()
     first = text.splitlines()[0] if text else ""
+    if not typed:
+        return first or type(error).__name__
     return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
@@ -124,12 +131,38 @@ def _raised_in(error: BaseException) -> list[tuple[str, str]]:
     return [(frame.filename, frame.name) for frame in traceback.extract_tb(error.__traceback__)]
 
 
+@functools.lru_cache(maxsize=1)
+def _our_dirs() -> tuple[str, ...]:
+    """The directories of rocm-yolo's own code: the package and ``patches/`` (installed as rocm_yolo.patches)."""
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.find_spec("rocm_yolo.patches")
+    patches = list(spec.submodule_search_locations or []) if spec else []
+    return tuple(os.path.join(os.path.abspath(d), "") for d in (here, *patches))
+
+
+def owner(filename: str) -> str | None:
+    """Whose code a traceback frame's file is: ``"rocm_yolo"``, ``"ultralytics"`` or None (anyone else's)."""
+    if os.path.abspath(filename).startswith(_our_dirs()):
+        return "rocm_yolo"
+    if f"{os.sep}ultralytics{os.sep}" in filename:
+        return "ultralytics"
+    return None
+
+
+def raised_by_rocm_yolo(error: BaseException) -> bool:
+    """Whether the innermost frame of ``error``'s traceback is rocm-yolo's own code."""
+    frames = _raised_in(error)
+    return bool(frames) and owner(frames[-1][0]) == "rocm_yolo"
+
+
 def _from_ultralytics_check(error: BaseException) -> bool:
+    """Raised inside one of Ultralytics' checks of the user's input (the innermost frame of either codebase)."""
     for filename, function in reversed(_raised_in(error)):
-        if f"{os.sep}ultralytics{os.sep}" in filename:
-            return function in _USER_CHECK_NAMES
-        if f"{os.sep}rocm_yolo{os.sep}" in filename:
-            return False
+        found = owner(filename)
+        if found is not None:
+            return found == "ultralytics" and function in _USER_CHECK_NAMES
     return False
 
 
@@ -140,9 +173,13 @@ def _environment_reason(error: BaseException) -> str | None:
         return f"a library failed to import ({one_line(error)}): reinstall it or fix its environment"
     if isinstance(error, OSError) and error.errno in _ENV_ERRNOS:
         where = f" ({error.filename})" if getattr(error, "filename", None) else ""
-        advice = {errno.ENOSPC: "free space or choose another --project", errno.EDQUOT: "free space within your quota",
-                  errno.EROFS: "choose a writable --project", errno.EACCES: "check the permissions",
-                  errno.EPERM: "check the permissions"}.get(error.errno, "check the machine")
+        advice = {
+            errno.ENOSPC: "free space or choose another --project",
+            errno.EDQUOT: "free space within your quota",
+            errno.EROFS: "choose a writable --project",
+            errno.EACCES: "check the permissions",
+            errno.EPERM: "check the permissions",
+        }.get(error.errno, "check the machine")
         return f"{os.strerror(error.errno).lower()}{where}: {advice}"
     if isinstance(error, MemoryError):
         return "out of host memory: use a smaller --batch or fewer --workers"
@@ -179,7 +216,7 @@ def save_traceback(error: BaseException, path: Path | None) -> Path | None:
     """Write ``error``'s traceback to ``path`` (or a file in the cache); the file written, or None."""
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     candidates = [path] if path is not None else []
-    from rocm_yolo.paths import cache_dir
+    from rocm_yolo.run.paths import cache_dir
 
     candidates.append(cache_dir() / "errors" / f"internal-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt")
     for candidate in candidates:
@@ -196,6 +233,9 @@ def report_internal(error: BaseException, path: Path | None = None, prog: str = 
     """Say that a rocm-yolo bug happened, keep the traceback, point at it; the exit code."""
     saved = save_traceback(error, path)
     where = f"traceback in {saved}" if saved else "the traceback could not be saved"
-    print(f"{prog}: internal error (a rocm-yolo bug, please report it): {one_line(error)}; {where}",
-          file=sys.stderr, flush=True)
+    print(
+        f"{prog}: internal error (a rocm-yolo bug, please report it): {one_line(error)}; {where}",
+        file=sys.stderr,
+        flush=True,
+    )
     return INTERNAL

@@ -6,12 +6,15 @@ import json
 import time
 from pathlib import Path
 
-from rocm_yolo import errors, heartbeat
+from rocm_yolo import errors
 from rocm_yolo.errors import UsageError
-from rocm_yolo.paths import STATE_DIRNAME, RunPaths
-from rocm_yolo.supervisor import read_state
-
-import psutil
+from rocm_yolo.run import heartbeat
+from rocm_yolo.run.heartbeat import Heartbeat
+from rocm_yolo.run.lifecycle import alive
+from rocm_yolo.run.paths import STATE_DIRNAME, RunPaths
+from rocm_yolo.run.state import read_state
+from rocm_yolo.supervisor.config import WatchdogConfig
+from rocm_yolo.supervisor.stall import StallDetector
 
 
 def newest_run(root: Path = Path("runs")) -> Path | None:
@@ -20,27 +23,49 @@ def newest_run(root: Path = Path("runs")) -> Path | None:
     return newest.parent.parent if newest else None
 
 
-def _alive(pid) -> bool:
-    try:
-        return bool(pid) and psutil.pid_exists(int(pid)) and psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+def _stalled(hb: Heartbeat, sup: dict, now: float) -> bool:
+    """What the run's own watchdog would say of a heartbeat this old (its settings as the supervisor recorded them)."""
+    saved = sup.get("watchdog") if isinstance(sup.get("watchdog"), dict) else {}
+    fields = {
+        k: v
+        for k, v in saved.items()
+        if k in ("stall_timeout", "step_multiplier", "startup_grace")
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+    }
+    detector = StallDetector(WatchdogConfig(**fields), now=hb.time)
+    detector.observe(hb, now=hb.time)
+    return detector.stalled(now)
 
 
 def collect(run_dir: Path, now: float | None = None) -> dict:
     now = time.time() if now is None else now
     hb = heartbeat.read(RunPaths(run_dir).heartbeat)
     sup = read_state(run_dir) or {}
-    info: dict = {"run_dir": str(run_dir), "state": sup.get("state", "unknown"), "profile": sup.get("profile"),
-                  "restarts": sup.get("restarts", 0), "hangs": len(sup.get("hangs", [])),
-                  "lost_seconds": sup.get("lost_seconds", 0.0), "recoveries": sup.get("recoveries") or []}
-    if sup.get("state") == "running" and not _alive(sup.get("supervisor_pid")):
+    info: dict = {
+        "run_dir": str(run_dir),
+        "state": sup.get("state", "unknown"),
+        "profile": sup.get("profile"),
+        "restarts": sup.get("restarts", 0),
+        "hangs": len(sup.get("hangs", [])),
+        "lost_seconds": sup.get("lost_seconds", 0.0),
+        "recoveries": sup.get("recoveries") or [],
+    }
+    if sup.get("state") == "running" and not alive(sup.get("supervisor_pid")):
         info["state"] = "stopped"  # the supervisor is gone without writing a final state (killed -9?)
     if hb is not None:
         age = now - hb.time
-        info.update(phase=hb.phase, epoch=hb.epoch, epochs=hb.epochs, batch=hb.batch, batches=hb.batches,
-                    it_s=hb.it_s, heartbeat_age=round(age, 1), attempt=hb.attempt)
-        if info["state"] == "running" and hb.phase != "done" and age > 60 and hb.step_max * 10 < age:
+        info.update(
+            phase=hb.phase,
+            epoch=hb.epoch,
+            epochs=hb.epochs,
+            batch=hb.batch,
+            batches=hb.batches,
+            it_s=hb.it_s,
+            heartbeat_age=round(age, 1),
+            attempt=hb.attempt,
+        )
+        if info["state"] == "running" and hb.phase != "done" and _stalled(hb, sup, now):
             info["state"] = "stalled?"
         if hb.it_s > 0 and hb.batches and hb.epochs and hb.phase == "train":
             left = (hb.batches - hb.batch) + (hb.epochs - hb.epoch) * hb.batches
@@ -49,13 +74,20 @@ def collect(run_dir: Path, now: float | None = None) -> dict:
 
 
 def render(info: dict) -> str:
-    lines = [f"run:       {info['run_dir']}", f"state:     {info['state']}"
-             + (f" (restarted {info['restarts']} times)" if info.get("restarts") else "")]
+    lines = [
+        f"run:       {info['run_dir']}",
+        f"state:     {info['state']}" + (f" (restarted {info['restarts']} times)" if info.get("restarts") else ""),
+    ]
     if "epoch" in info:
-        lines.append(f"progress:  epoch {info['epoch']}/{info['epochs']}, {info['phase']} batch {info['batch']}/{info['batches']}")
+        lines.append(
+            f"progress:  epoch {info['epoch']}/{info['epochs']}, "
+            f"{info['phase']} batch {info['batch']}/{info['batches']}"
+        )
         eta = info.get("eta_seconds")
         lines.append(f"speed:     {info['it_s']:.2f} it/s" + (f", ETA {_hms(eta)}" if eta is not None else ""))
-        lines.append(f"heartbeat: {info['heartbeat_age']:.0f} s ago (attempt {info['attempt']}, profile {info['profile']})")
+        lines.append(
+            f"heartbeat: {info['heartbeat_age']:.0f} s ago (attempt {info['attempt']}, profile {info['profile']})"
+        )
     lines.append(f"hangs:     {info['hangs']}, {info['lost_seconds']:.0f} s lost")
     for r in info.get("recoveries") or []:
         lines.append(f"restart:   {_recovery(r)}")
@@ -64,6 +96,7 @@ def render(info: dict) -> str:
 
 def _recovery(r: dict) -> str:
     """One restart: what failed where, where the next attempt resumed and what it trained again."""
+
     def at(position):
         return f"epoch {position[0]}, batch {position[1]:,}" if position else "start-up"
 
@@ -72,8 +105,15 @@ def _recovery(r: dict) -> str:
         text += f", resumed at {at(r['resumed_at'])}" + (f" from {r['checkpoint']}" if r.get("checkpoint") else "")
     if r.get("retrained_batches") is not None:
         text += f", {r['retrained_batches']:,} batches trained again"
-    seconds = [f"{r[k]:.0f} s {label}" for k, label in (("detect_seconds", "to detect"), ("restart_seconds", "to restart"),
-                                                         ("retrain_seconds", "retraining")) if r.get(k)]
+    seconds = [
+        f"{r[k]:.0f} s {label}"
+        for k, label in (
+            ("detect_seconds", "to detect"),
+            ("restart_seconds", "to restart"),
+            ("retrain_seconds", "retraining"),
+        )
+        if r.get(k)
+    ]
     return text + (f" ({', '.join(seconds)})" if seconds else "")
 
 

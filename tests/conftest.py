@@ -1,29 +1,29 @@
-"""Shared fixtures: a tiny real data set, running the real CLI, counting leftover processes."""
+"""Shared fixtures: the Ultralytics version check, tiny real data sets, the real CLI, a run's spec.
+
+Helpers the tests import (the CLI runner, waiting, reading a run's files) are in ``helpers.py``.
+"""
 
 from __future__ import annotations
 
 import os
-import re
-import signal
 import subprocess
 import sys
-import time
-import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 
-from rocm_yolo.demo import write_demo
-from rocm_yolo.proctree import alive, with_env
+from helpers import EXPECT_VAR, Cli
+from rocm_yolo.launch.demo import write_demo
+from rocm_yolo.run.profiles import resolve
+from rocm_yolo.run.spec import RunSpec
+from taskdata import TASKS, write_task_data
 
-TAG_VAR = "ROCM_YOLO_TEST_TAG"
-# .ci/run's lower-bound run sets it to the oldest supported Ultralytics, installed apart and put
-# first on PYTHONPATH: every process the tests start must then really use that version.
-EXPECT_VAR = "ROCM_YOLO_EXPECT_ULTRALYTICS"
-HEADER_ULTRALYTICS = re.compile(r"\| Ultralytics (\S+) \|")  # the run header: "torch ... | Ultralytics X | Python ..."
-# Small enough for a 2-core CPU: 16 train images at imgsz 32, batch 4 -> 4 batches an epoch.
-TINY = ["--model", "yolo26n.yaml", "--device", "cpu", "--imgsz", "32", "--batch", "4", "plots=False"]
+
+def pytest_collection_modifyitems(items):
+    """Everything under tests/e2e/ trains for real: marked e2e (``-m "not e2e"`` runs the unit tests alone)."""
+    for item in items:
+        if f"{os.sep}e2e{os.sep}" in str(item.path):
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -35,12 +35,16 @@ def expected_ultralytics(tmp_path_factory):
     if not want:
         return None
     code = "import ultralytics; print(ultralytics.__version__, ultralytics.__file__)"
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path_factory.getbasetemp(), capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path_factory.getbasetemp(), capture_output=True, text=True, timeout=120
+    )
     found = (out.stdout.strip().splitlines() or [out.stderr.strip()[-300:]])[-1]
     if found.split(" ")[0] != want:
-        pytest.exit(f"{EXPECT_VAR}={want}, but the test processes import: {found} "
-                    f"(PYTHONPATH={os.environ.get('PYTHONPATH', '')!r})", returncode=1)
+        pytest.exit(
+            f"{EXPECT_VAR}={want}, but the test processes import: {found} "
+            f"(PYTHONPATH={os.environ.get('PYTHONPATH', '')!r})",
+            returncode=1,
+        )
     return found
 
 
@@ -49,56 +53,16 @@ def tiny_data(tmp_path_factory) -> Path:
     return write_demo(tmp_path_factory.mktemp("data") / "tiny", train=16, val=8, size=64)
 
 
-class Cli:
-    """Runs the real ``rocm-yolo`` in a subprocess, with a tag to find every process it made."""
+@pytest.fixture(scope="session")
+def task_data(tmp_path_factory) -> dict[str, Path]:
+    """Every task's tiny data set (classify, segment, pose, obb), shared: copy it before changing it."""
+    root = tmp_path_factory.mktemp("taskdata")
+    return {t: write_task_data(root / t, t, train=16 if t == "classify" else 8) for t in TASKS}
 
-    def __init__(self, cwd: Path):
-        self.cwd = cwd
-        self.tag = uuid.uuid4().hex
-        self.env = {**os.environ, TAG_VAR: self.tag, "PYTHONUNBUFFERED": "1"}
-        self.env.pop("ROCM_YOLO_FAULT", None)
-        self.runs = 0
-        self.output: Path | None = None
 
-    def start(self, *args: str, env: dict | None = None) -> subprocess.Popen:
-        """Start the CLI with its output in a file (a pipe would stay open in orphans and fill up)."""
-        self.runs += 1
-        self.output = self.cwd / f"cli-{self.tag[:8]}-{self.runs}.out"  # two Cli in one directory keep theirs
-        with open(self.output, "w") as out:
-            return subprocess.Popen([sys.executable, "-m", "rocm_yolo", *args], cwd=self.cwd,
-                                    env={**self.env, **(env or {})}, stdout=out, stderr=subprocess.STDOUT)
-
-    def read(self) -> str:
-        return self.output.read_text(errors="replace")
-
-    def run(self, *args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
-        proc = self.start(*args, env=env)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill_all()
-            proc.wait()
-            raise AssertionError(f"rocm-yolo {' '.join(args)} did not finish in {timeout} s:\n{self.read()[-4000:]}")
-        text = self.read()
-        want = os.environ.get(EXPECT_VAR)
-        if want:  # the training child itself says which Ultralytics it imported
-            assert set(HEADER_ULTRALYTICS.findall(text)) <= {want}, f"{EXPECT_VAR}={want}, but the run says:\n{text[-3000:]}"
-        return subprocess.CompletedProcess(proc.args, proc.returncode, text, "")
-
-    def leftovers(self, settle: float = 5.0) -> list[psutil.Process]:
-        deadline = time.monotonic() + settle
-        while True:
-            left = [p for p in with_env(TAG_VAR, self.tag) if alive(p.pid)]  # not one that exits meanwhile
-            if not left or time.monotonic() > deadline:
-                return left
-            time.sleep(0.2)
-
-    def kill_all(self) -> None:
-        for proc in with_env(TAG_VAR, self.tag):
-            try:
-                proc.send_signal(signal.SIGKILL)
-            except psutil.Error:
-                pass
+@pytest.fixture
+def demo(tmp_path):
+    return write_demo(tmp_path / "d", train=8, val=4, size=64)
 
 
 @pytest.fixture
@@ -108,17 +72,16 @@ def cli(tmp_path):
     c.kill_all()  # never leave a training run behind, whatever the test did
 
 
-def wait_for(predicate, timeout, what, proc=None, cli=None):
-    """Poll ``predicate`` until it holds; fail at once if ``proc`` exits first (with the end of ``cli``'s output)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"exited early ({proc.returncode}) waiting for {what}:\n{cli.read()[-3000:]}")
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def rocm_lines(output: str) -> list[str]:
-    return [line for line in output.splitlines() if line.startswith("rocm-yolo:")]
+@pytest.fixture
+def spec(tmp_path):
+    """A run's spec as the supervisor sees it (no claim, no data): for driving the loop with scripted children."""
+    r = resolve("fast", 2, cpu_count=4)
+    return RunSpec(
+        data="d.yaml",
+        model="m.yaml",
+        run_dir=str(tmp_path / "run"),
+        profile="fast",
+        loader=r.loader,
+        val=r.val,
+        train_args={"epochs": 3},
+    )

@@ -27,8 +27,9 @@ def _shape(rng, size: int, cls: int, rotated: bool):
     cx, cy = (float(v) for v in rng.integers(int(r) + 1, size - int(r) - 1, size=2))
     if cls == 0:
         angle = float(rng.uniform(0, math.pi / 2)) if rotated else math.pi / 4
-        points = [(cx + r * math.cos(angle + k * math.pi / 2), cy + r * math.sin(angle + k * math.pi / 2))
-                  for k in range(4)]
+        points = [
+            (cx + r * math.cos(angle + k * math.pi / 2), cy + r * math.sin(angle + k * math.pi / 2)) for k in range(4)
+        ]
     else:
         points = [(cx + r * math.cos(k * math.pi / 6), cy + r * math.sin(k * math.pi / 6)) for k in range(12)]
     return points, cx, cy, r
@@ -90,3 +91,17 @@ def write_task_data(root: Path, task: str, *, train: int = 8, val: int = 4, size
 def write_all(root: Path, **kwargs) -> dict[str, Path]:
     """Every task's data set under ``root/TASK``."""
     return {task: write_task_data(Path(root) / task, task, **kwargs) for task in TASKS}
+
+
+def copy_task(task_data: dict[str, Path], task: str, tmp_path: Path) -> Path:
+    """A private copy of ``task``'s data (the shared one trains concurrently); its YAML or directory."""
+    import shutil
+
+    src = task_data[task] if task == "classify" else task_data[task].parent
+    dst = tmp_path / task
+    shutil.copytree(src, dst)
+    if task == "classify":
+        return dst
+    yaml = dst / task_data[task].name
+    yaml.write_text(yaml.read_text().replace(str(src), str(dst)))
+    return yaml

@@ -1,0 +1,206 @@
+"""``rocm-yolo doctor``: its command line, and the order the checks run in.
+
+Exit codes: ``0`` nothing blocks training (warnings allowed), ``1`` at least one ✗ row, ``2``
+a usage error (e.g. a missing DATA file): one line on stderr, no traceback. Like the CLI,
+this never imports torch or Ultralytics: every check that needs them runs in a subprocess
+under a timeout, so the doctor itself cannot hang or crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Iterator
+
+from rocm_yolo.doctor.report import (
+    CHECKS,
+    EXIT_USAGE,
+    FAIL,
+    OK,
+    SKIP,
+    SYMBOLS,
+    Options,
+    Row,
+    conclusion,
+    exit_code,
+    format_row,
+    report_dict,
+)
+from rocm_yolo.errors import UsageError
+from rocm_yolo.run.profiles import DEFAULT_PROFILE, PROFILES
+from rocm_yolo.ultralytics_rules.tasks import CLASSIFY, DETECT, OBB, POSE, SEGMENT
+
+DATA_TASKS = (DETECT, SEGMENT, POSE, OBB, CLASSIFY)  # the tasks whose data the doctor checks
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the doctor's arguments to ``parser`` (the ``doctor`` subcommand of the CLI)."""
+    parser.add_argument(
+        "data",
+        nargs="?",
+        metavar="DATA",
+        help="Ultralytics data YAML, or a class-per-folder directory for classification, to check (or 'demo')",
+    )
+    parser.add_argument(
+        "--task",
+        choices=DATA_TASKS,
+        default=None,
+        help="check the data for this task (default: a directory is classify, a YAML with kpt_shape "
+        "pose, any other YAML detect: boxes or polygons)",
+    )
+    parser.add_argument("--workers", type=int, default=None, help="DataLoader workers to test (default: the profile's)")
+    parser.add_argument(
+        "--batch", type=int, default=16, help="batch size for the shared-memory estimate and loader test (16)"
+    )
+    parser.add_argument(
+        "--imgsz", type=int, default=640, help="training image size for the shared-memory estimate (640)"
+    )
+    parser.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        help=f"settings profile to check against ({', '.join(PROFILES)}; default {DEFAULT_PROFILE})",
+    )
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds each subprocess step may take (120)")
+    parser.add_argument("--skip", default="", help=f"comma-separated checks to leave out: {','.join(CHECKS)}")
+    parser.add_argument("--rocm-path", default=None, help="ROCm installation (default $ROCM_PATH or /opt/rocm)")
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout, for scripts")
+    # hidden: fake trees for tests and for inspecting a mounted system image
+    parser.add_argument("--root", default="/", help=argparse.SUPPRESS)
+    parser.add_argument("--kfd-root", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--kernel-log", default=None, help=argparse.SUPPRESS)
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    """Validate the parsed arguments; raises :class:`UsageError` with a one-line message."""
+    skip = frozenset(x.strip() for x in (getattr(args, "skip", "") or "").split(",") if x.strip())
+    unknown = skip - set(CHECKS)
+    if unknown:
+        raise UsageError(f"--skip: unknown check {', '.join(sorted(unknown))}: choose from {','.join(CHECKS)}")
+    if args.workers is not None and args.workers < 0:
+        raise UsageError(f"--workers {args.workers} must be >= 0")
+    if args.batch < 1:
+        raise UsageError(f"--batch {args.batch} must be >= 1")
+    if args.imgsz < 32:
+        raise UsageError(f"--imgsz {args.imgsz} must be >= 32")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout {args.timeout:g} must be > 0 seconds")
+    if args.profile not in PROFILES:
+        raise UsageError(f"unknown profile '{args.profile}': choose one of {', '.join(PROFILES)}")
+    root = Path(getattr(args, "root", "/") or "/")
+    if not root.is_dir():
+        raise UsageError(f"--root {root}: not a directory")
+    data = None
+    if args.data:
+        data = Path(args.data).expanduser()
+        if not data.exists() and args.data == "demo":
+            from rocm_yolo.launch.demo import write_demo
+
+            data = write_demo()
+        elif not data.exists():
+            raise UsageError(f"data file not found: {args.data}")
+    kernel_log = getattr(args, "kernel_log", None)
+    return Options(
+        data=data,
+        task=getattr(args, "task", None),
+        workers=args.workers,
+        batch=args.batch,
+        imgsz=args.imgsz,
+        profile=args.profile,
+        timeout=float(args.timeout),
+        skip=skip,
+        root=root,
+        rocm_path=Path(args.rocm_path) if getattr(args, "rocm_path", None) else None,
+        kfd_root=getattr(args, "kfd_root", None),
+        kernel_log=Path(kernel_log) if kernel_log else None,
+        json=bool(args.json),
+        progress=not args.json and sys.stderr.isatty(),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the doctor for parsed ``args``; print the report and return the exit code."""
+    try:
+        opts = options_from_args(args)
+    except UsageError as e:
+        print(f"rocm-yolo doctor: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    rows = diagnose(opts, on_row=None if opts.json else _printer())
+    code = exit_code(rows)
+    verdict = conclusion(rows)
+    if opts.json:
+        print(json.dumps(report_dict(rows, verdict, code), indent=2, ensure_ascii=False, allow_nan=False))
+    else:
+        print()
+        print(f"{SYMBOLS[FAIL] if code else SYMBOLS[OK]} {verdict}", flush=True)
+    return code
+
+
+def diagnose(opts: Options, on_row=None) -> list[Row]:
+    """Run every check not skipped; ``on_row(row)`` is called as each row is ready."""
+    rows: list[Row] = []
+    for row in run_all(opts):
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return rows
+
+
+def run_all(opts: Options) -> Iterator[Row]:
+    """Every check not in ``opts.skip``, in order."""
+    from rocm_yolo.doctor import data, gpu, system
+    from rocm_yolo.gpu.torch_build import torch_build
+
+    gpus, why = gpu.detect_gpus(opts) if {"versions", "gpu", "conv"} - opts.skip else (None, None)
+    build = torch_build()
+    kind = system.torch_kind(build)
+    loader_check = opts.data is not None and "loader" not in opts.skip
+    torch_error = None
+    if not build.get("path"):
+        torch_error = "torch is not installed"
+    elif "versions" not in opts.skip or loader_check:
+        torch_error = system.torch_import_error(opts)
+    if "versions" not in opts.skip:
+        yield from system.check_versions(opts, gpus, torch_error if build.get("path") else None)
+    if "gpu" not in opts.skip:
+        yield from gpu.check_gpu(opts, gpus, why)
+        yield from gpu.check_torch_gpu(opts, gpus, kind)
+    if "shm" not in opts.skip:
+        yield from system.check_shm(opts)
+    if "start" not in opts.skip:
+        yield from system.check_start_method(opts)
+    if opts.data is not None and not {"data", "loader"} <= opts.skip:
+        yield from data.check_data_and_loader(opts, torch_error)
+    elif "data" not in opts.skip:
+        yield Row(
+            "data.yaml", "data set", SKIP, "no DATA given: pass a data YAML (or 'demo') to check data and loading"
+        )
+    if "conv" not in opts.skip:
+        yield from gpu.check_conv(opts, gpus, kind)
+    if "kernel" not in opts.skip:
+        yield from system.check_kernel_log(opts)
+
+
+def _printer():
+    colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    print("rocm-yolo doctor\n", flush=True)
+
+    def on_row(row: Row) -> None:
+        print("\n".join(format_row(row, colour)), flush=True)
+
+    return on_row
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rocm-yolo doctor",
+        description="Check this machine, its GPU, its shared memory, a data set and its DataLoader before training.",
+    )
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))

@@ -1,0 +1,6 @@
+"""The GPU, torch-free: which AMD architecture is present, which torch is installed, what each architecture needs.
+
+- :mod:`.arch`: the GPUs of the KFD topology in sysfs, and gfx names;
+- :mod:`.torch_build`: the installed torch's build, read without importing it;
+- :mod:`.presets`: per-architecture presets (gfx101x) and the run header's lines about them.
+"""

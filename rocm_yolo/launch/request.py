@@ -1,0 +1,247 @@
+"""What the user asked for, as a :class:`~rocm_yolo.run.spec.RunSpec`: validated, with no side effects.
+
+The CLI and the Python API both come through :func:`make_spec`, so they validate the same
+way. It reads (the data set, a resumed run's previous spec, Ultralytics' rules) but writes
+and claims nothing: taking the run directory is :mod:`.claim`'s step, once everything the
+user gave is known to be valid. Nothing here imports torch or Ultralytics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
+from rocm_yolo.errors import UsageError
+from rocm_yolo.launch import resume as resumes
+from rocm_yolo.launch.data import default_model, resolve_data
+from rocm_yolo.run.interval import DEFAULT_CHECKPOINT_INTERVAL, CheckpointInterval, parse_interval
+from rocm_yolo.run.profiles import DEFAULT_PROFILE, LOADER_KEYS, resolve
+from rocm_yolo.run.spec import RunSpec
+from rocm_yolo.ultralytics_rules import config as ucfg
+from rocm_yolo.ultralytics_rules.tasks import task_for_model
+
+# Flags that are also Ultralytics train arguments (KEY=VALUE may not set them a second time).
+FLAG_KEYS = ("model", "workers", "epochs", "imgsz", "batch", "device", "project", "name")
+NOT_KEYS = {"mode": "rocm-yolo always trains", "task": "the task follows the model", "resume": "use --resume [LAST_PT]"}
+DEMO_DEFAULTS = {"imgsz": 64, "batch": 8, "plots": False}  # sized for a CPU: 2 epochs in well under a minute
+
+
+def parse_key_values(items: list[str]) -> dict[str, Any]:
+    """``["epochs=3", "lr0=0.01"]`` -> ``{"epochs": 3, "lr0": 0.01}``, values as Ultralytics reads them."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"'{item}' is not KEY=VALUE: write e.g. lr0=0.01")
+        if key in out:
+            raise UsageError(f"'{key}' is given twice")
+        out[key] = ucfg.smart_value(value.strip())
+    return out
+
+
+def check_name(name: str) -> str:
+    """``--name`` names a directory inside ``--project``: no absolute path, no ``..``."""
+    parts = Path(name).parts
+    if not name or Path(name).is_absolute() or ".." in parts or name in (".", ""):
+        raise UsageError(
+            f"--name {name!r} must stay inside --project: give a plain name such as 'exp1' "
+            "(use --project to choose where runs go)"
+        )
+    return name
+
+
+def check_device(device: object) -> None:
+    """One GPU per run: Ultralytics' multi-GPU (DDP) ranks run without rocm-yolo's callbacks."""
+    text = str(device if device is not None else "").strip().strip("[]()")
+    ids = [x.strip() for x in text.split(",") if x.strip()]
+    if len(ids) > 1:
+        raise UsageError(
+            f"--device {device}: multi-GPU training is not supported yet (Ultralytics starts its DDP ranks "
+            "itself, where rocm-yolo cannot watch them or patch their DataLoaders); train on one GPU, "
+            f"e.g. --device {ids[0]}"
+        )
+
+
+@dataclass
+class Request:
+    """The user's input sorted out: flags, Ultralytics arguments, loader settings, and which keys the user set."""
+
+    data: str | None
+    flags: dict  # FLAG_KEYS -> value or None
+    extra: dict  # every other Ultralytics train argument, type-checked
+    loader: dict  # loader KEY=VALUE overrides (run.profiles.LOADER_SETTINGS)
+    val: object | None
+    conv: str | None
+    interval: CheckpointInterval | None
+    profile: str | None
+    user_keys: set = field(default_factory=set)
+    notes: list = field(default_factory=list)  # lines for the run header
+
+    @classmethod
+    def parse(
+        cls,
+        data: str | None,
+        flags: dict,
+        extra: Mapping[str, Any],
+        *,
+        profile: str | None,
+        conv: str | None,
+        checkpoint_every: object | None,
+    ) -> "Request":
+        extra = dict(extra or {})
+        interval = parse_interval(checkpoint_every) if checkpoint_every is not None else None
+        for key, why in NOT_KEYS.items():
+            if key in extra:
+                raise UsageError(f"'{key}=' is not accepted here: {why}")
+        flags = dict(flags)
+        for key in FLAG_KEYS:
+            if key in extra:
+                if flags[key] is not None:
+                    raise UsageError(f"'{key}' is given twice (as --{key} and {key}=): keep one")
+                flags[key] = extra.pop(key)
+        if "data" in extra:
+            if data is not None:
+                raise UsageError("'data' is given twice (as DATA and data=): keep one")
+            data = str(extra.pop("data"))
+        if conv is not None and conv not in CONV_STRATEGIES:
+            raise UsageError(f"--conv {conv}: choose one of {', '.join(CONV_STRATEGIES)}")
+        loader = {k: extra.pop(k) for k in list(extra) if k in LOADER_KEYS}
+        val = extra.pop("val", None)
+        for key in list(extra):
+            extra[key] = ucfg.check_train_arg(key, extra[key], extra_keys=LOADER_KEYS)
+        for key in ("epochs", "imgsz", "batch"):
+            if flags[key] is not None:
+                flags[key] = ucfg.check_train_arg(key, flags[key])
+        user_keys = {k for k, v in flags.items() if v is not None} | set(extra) | set(loader)
+        user_keys |= ({"val"} if val is not None else set()) | ({"conv"} if conv is not None else set())
+        return cls(data, flags, extra, loader, val, conv, interval, profile, user_keys)
+
+    def model_name(self, resuming: bool) -> str:
+        name = str(self.flags["model"] or ("" if resuming else default_model(self.data)))
+        if self.flags["model"] and not Path(name).suffix:
+            raise UsageError(f"--model {name}: give a .pt checkpoint or a .yaml model definition (e.g. yolo26n.yaml)")
+        return name
+
+
+def make_spec(
+    data: str | None = None,
+    *,
+    model: str | None = None,
+    workers: object | None = None,
+    profile: str | None = None,
+    epochs: int | None = None,
+    imgsz: int | None = None,
+    batch: object | None = None,
+    device: str | None = None,
+    project: str | None = None,
+    name: str | None = None,
+    resume: str | bool | None = None,
+    conv: str | None = None,
+    checkpoint_every: object | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> RunSpec:
+    """Validate everything the user gave and return the spec of the first attempt, unclaimed.
+
+    For a new run ``run_dir`` is the directory asked for (``project/name``, Ultralytics'
+    ``runs/TASK/NAME`` by default), which :func:`rocm_yolo.launch.claim.claim` takes or numbers
+    on; for a resume it is the run's own directory and ``resume`` the checkpoint named (or the
+    run's ``last.pt``), from which ``claim`` chooses the newest valid one.
+    """
+    flags = {
+        "model": model,
+        "workers": workers,
+        "epochs": epochs,
+        "imgsz": imgsz,
+        "batch": batch,
+        "device": device,
+        "project": project,
+        "name": name,
+    }
+    req = Request.parse(data, flags, extra or {}, profile=profile, conv=conv, checkpoint_every=checkpoint_every)
+    resuming = resume is not None and resume is not False
+    model_name = req.model_name(resuming)
+    task = task_for_model(model_name) if model_name else None
+    # Ultralytics' layout runs/TASK/NAME; a bare --resume looks through every task's runs
+    project_dir = Path(req.flags["project"] or (Path("runs") / task if task else Path("runs"))).expanduser().resolve()
+    run_name = check_name(str(req.flags["name"] or "train"))
+    check_device(req.flags["device"] if req.flags["device"] is not None else req.extra.get("device"))
+    if resuming:
+        return _resumed_run(req, resume, project_dir)
+    return _new_run(req, model_name, task, project_dir / run_name)
+
+
+def _finish(
+    req: Request,
+    *,
+    data_path: str,
+    model: str,
+    run_dir: Path,
+    train_args: dict,
+    resume: str | None = None,
+    attempt: int = 1,
+) -> RunSpec:
+    """The spec: the profile resolved with the request's workers and loader settings, the flags as train args."""
+    resolved = resolve(req.profile or DEFAULT_PROFILE, req.flags["workers"], req.loader, val=req.val)
+    for key in ("epochs", "imgsz", "batch", "device"):
+        if req.flags[key] is not None:
+            train_args[key] = req.flags[key]
+    train_args.update(req.extra)
+    return RunSpec(
+        data=data_path,
+        model=model,
+        run_dir=str(run_dir),
+        profile=resolved.profile.name,
+        loader=resolved.loader,
+        val=resolved.val,
+        train_args=train_args,
+        user_keys=tuple(sorted(req.user_keys)),
+        env=resolved.env,
+        resume=resume,
+        conv=req.conv or "auto",
+        checkpoint_every=(req.interval or parse_interval(DEFAULT_CHECKPOINT_INTERVAL)).text,
+        attempt=attempt,
+        workers_requested=resolved.requested_workers,
+        notes=tuple(list(resolved.warnings) + req.notes),
+    )
+
+
+def _new_run(req: Request, model: str, task: str, run_dir: Path) -> RunSpec:
+    if not req.data:
+        raise UsageError(
+            "DATA is required: a dataset YAML (a directory of class folders for a classification model), "
+            "or 'demo' for the built-in demo set (or --resume LAST_PT)"
+        )
+    data_path, data_notes = resolve_data(req.data, task)
+    req.notes += data_notes
+    if req.data == "demo":
+        for key, value in DEMO_DEFAULTS.items():
+            if req.flags.get(key) is None and key not in req.extra:
+                req.extra[key] = value
+    return _finish(req, data_path=data_path, model=model, run_dir=run_dir, train_args={"data": data_path})
+
+
+def _resumed_run(req: Request, resume: str | bool, project_dir: Path) -> RunSpec:
+    last = resumes.find_resume(resume, project_dir)
+    run_dir = last.parent.parent
+    previous = resumes.carry_over(req, run_dir)
+    if req.data:
+        # the task from the checkpoint; before the first one, from the model the run was started with
+        model_for_task = last if last.exists() or previous is None else previous.model
+        data_path, data_notes = resolve_data(req.data, task_for_model(model_for_task))
+        req.notes = data_notes + req.notes
+        req.user_keys.add("data")
+        train_args = {"data": data_path}  # a moved data set: say where it is now
+    else:
+        data_path, train_args = (previous.data if previous else ""), {}
+    return _finish(
+        req,
+        data_path=data_path,
+        model=str(last),
+        run_dir=run_dir,
+        train_args=train_args,
+        resume=str(last),
+        attempt=(previous.attempt + 1) if previous else 1,
+    )

@@ -1,0 +1,93 @@
+"""Atomic file writes: a reader sees the old file or the new one, never half of one.
+
+The one helper every writer of a file that someone else reads uses (heartbeat, supervisor
+state, specs, the verified checkpoint copy, mid-epoch checkpoints, the self-test cache): a
+temporary file in the same directory, then ``os.replace``. With ``durable=True`` the data is
+fsynced before the rename and the directory after it, so a power cut or a kill during the
+write never leaves a damaged file where a good one was. A failed write removes its
+temporary file and raises: callers decide whether that matters.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import BinaryIO, Callable, Union
+
+TEMPORARY_SUFFIX = ".tmp"
+
+
+def temporary(path: Path) -> Path:
+    """Where a write of ``path`` goes first: a hidden file beside it, named after this process."""
+    return path.with_name(f".{path.name}.{os.getpid()}{TEMPORARY_SUFFIX}")
+
+
+def _sync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _replace(tmp: Path, path: Path, write: Callable[[BinaryIO], object], durable: bool) -> None:
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        _sync_dir(path.parent)
+
+
+def write_atomic(
+    path: str | os.PathLike, data: Union[str, bytes, Callable[[BinaryIO], object]], *, durable: bool = False
+) -> None:
+    """Write ``data`` (text as UTF-8) to ``path`` atomically; ``durable`` also fsyncs.
+
+    ``data`` may also be a function that writes into the open binary file (e.g. ``torch.save``),
+    so a large payload need not be held in memory a second time.
+    """
+    path = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    write = payload if callable(payload) else (lambda f: f.write(payload))
+    _replace(temporary(path), path, write, durable)
+
+
+def copy_atomic(src: str | os.PathLike, dst: str | os.PathLike, *, durable: bool = False) -> None:
+    """Copy ``src`` to ``dst`` atomically (``durable``: fsynced)."""
+    dst = Path(dst)
+
+    def copy(fout: BinaryIO) -> None:
+        with open(src, "rb") as fin:
+            shutil.copyfileobj(fin, fout, 1 << 20)
+
+    _replace(temporary(dst), dst, copy, durable)
+
+
+def remove_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files a killed writer left in ``directory``; the ones removed."""
+    removed = []
+    try:
+        entries = list(Path(directory).iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        if p.name.startswith(".") and p.name.endswith(TEMPORARY_SUFFIX):
+            try:
+                p.unlink()
+                removed.append(p)
+            except OSError:
+                continue
+    return removed

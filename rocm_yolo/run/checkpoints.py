@@ -1,0 +1,153 @@
+"""Finding, verifying and keeping good checkpoints, without importing torch.
+
+Ultralytics writes ``last.pt`` with a plain ``write_bytes``: a kill in the middle leaves it
+truncated. A torch checkpoint is a zip archive whose central directory sits at the end and
+whose members carry CRCs, so :func:`verify` can tell a complete file from a truncated or
+damaged one by reading it once, with the standard library. After every save the training
+child keeps a verified copy, ``last_good.pt``, written atomically; resume falls back to it.
+
+Mid-epoch checkpoints (``weights/ep{E}-ba{B}.pt``, written by :mod:`rocm_yolo.trainer.checkpoint_save`) are
+named by their position, so the newest one is known without opening it. The training child
+deletes those of an epoch once that epoch's ``last.pt`` is saved and verified, so a valid
+mid-epoch file is newer than ``last.pt``; :func:`choose_resume_point` only falls back on
+modification times when a kill interrupted that clean-up.
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+
+from rocm_yolo.errors import UsageError
+from rocm_yolo.run.atomic import copy_atomic
+from rocm_yolo.run.paths import GOOD_NAME, RunPaths
+
+MID_EPOCH_KEY = "rocm_yolo_mid_epoch"  # the checkpoint key that holds the position inside the epoch
+
+
+def verify(path: str | os.PathLike) -> str | None:
+    """``None`` when ``path`` is a complete torch checkpoint, else the reason it is not."""
+    p = Path(path)
+    if not p.is_file():
+        return "no such file"
+    if p.stat().st_size == 0:
+        return "empty file"
+    try:
+        with zipfile.ZipFile(p) as z:
+            names = z.namelist()
+            if not any(n.endswith("/data.pkl") or n == "data.pkl" for n in names):
+                return "not a torch checkpoint (no data.pkl)"
+            bad = z.testzip()
+            if bad is not None:
+                return f"damaged member {bad}"
+    except zipfile.BadZipFile:
+        return "truncated or not a torch checkpoint"
+    except (OSError, EOFError) as e:
+        return f"unreadable ({e.__class__.__name__}: {e})"
+    return None
+
+
+def keep_good_copy(last: str | os.PathLike) -> Path | None:
+    """Verify ``last`` and copy it atomically to ``last_good.pt`` beside it; return the copy."""
+    last = Path(last)
+    if verify(last) is not None:
+        return None
+    good = last.with_name(GOOD_NAME)
+    copy_atomic(last, good, durable=True)
+    return good
+
+
+def find_latest(project: str | os.PathLike) -> Path | None:
+    """The ``weights/last.pt`` of the run under ``project`` with the newest checkpoint (by modification time).
+
+    A run left with only its verified copy or only mid-epoch checkpoints (a hang in its first
+    epoch) counts: the path returned is then the ``last.pt`` it does not have yet.
+    """
+    root = Path(project)
+    if not root.is_dir():
+        return None
+    newest: dict[Path, float] = {}
+    for pattern in ("last.pt", GOOD_NAME, "ep*-ba*.pt"):
+        for p in root.glob(f"**/weights/{pattern}"):
+            try:
+                mtime = p.stat().st_mtime
+            except OSError:
+                continue
+            last = p.with_name("last.pt")
+            newest[last] = max(newest.get(last, mtime), mtime)
+    return max(newest, key=newest.get, default=None)
+
+
+def choose_resume(last: str | os.PathLike) -> tuple[Path, str | None]:
+    """The checkpoint to resume from for ``last`` and a note when it is not ``last`` itself.
+
+    A truncated ``last.pt`` is moved aside (never deleted) and the verified copy is used.
+    Raises :class:`UsageError` when neither is usable.
+    """
+    last = Path(last)
+    reason = verify(last)
+    if reason is None:
+        return last, None
+    good = last.with_name(GOOD_NAME)
+    if verify(good) is None:
+        note = f"{last} is unusable ({reason}); resuming from the verified copy {good}"
+        if last.exists():
+            aside = last.with_name(last.stem + ".truncated.pt")
+            os.replace(last, aside)
+            note += f" (the damaged file was kept as {aside.name})"
+        return good, note
+    if reason == "no such file":
+        raise UsageError(f"checkpoint not found: {last}")
+    raise UsageError(f"checkpoint {last} is unusable ({reason}) and no verified copy exists: start a new run")
+
+
+def newest_mid_checkpoint(paths: RunPaths) -> tuple[Path | None, list[str]]:
+    """The valid mid-epoch checkpoint of the furthest position, and a note for each damaged one skipped."""
+    notes = []
+    for epoch, batches, path in reversed(paths.mid_checkpoints()):
+        reason = verify(path)
+        if reason is None:
+            return path, notes
+        notes.append(f"skipped the mid-epoch checkpoint {path.name}: {reason}")
+    return None, notes
+
+
+def choose_resume_point(last: str | os.PathLike) -> tuple[Path, str | None]:
+    """The newest valid checkpoint of ``last``'s run, mid-epoch or end of epoch, and a note when it is
+    not ``last`` itself.
+
+    A valid mid-epoch checkpoint is newer than ``last.pt`` (the child deletes them once an epoch's
+    ``last.pt`` is verified), unless a kill interrupted that clean-up: then ``last.pt`` is the
+    newer file, which its modification time shows. Raises :class:`UsageError` when nothing is usable.
+    """
+    last = Path(last)
+    mid, notes = newest_mid_checkpoint(RunPaths(last.parent.parent))
+    if mid is not None:
+        end_is_newer = verify(last) is None and last.stat().st_mtime > mid.stat().st_mtime
+        if not end_is_newer:
+            notes.append(f"resuming from the mid-epoch checkpoint {mid.name}, the newest valid checkpoint of the run")
+            return mid, "; ".join(notes)
+    path, note = choose_resume(last)
+    notes += [note] if note else []
+    return path, "; ".join(notes) or None
+
+
+def is_mid_checkpoint(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    return any(found == p for _, _, found in RunPaths(p.parent.parent).mid_checkpoints())
+
+
+def remove_mid_checkpoints(
+    paths: RunPaths, *, through_epoch: int | None = None, keep: Path | None = None
+) -> list[Path]:
+    """Delete mid-epoch checkpoints of epochs <= ``through_epoch`` (1-based; None: all), except ``keep``."""
+    removed = []
+    for epoch, _, path in paths.mid_checkpoints():
+        if (through_epoch is None or epoch <= through_epoch) and path != keep:
+            try:
+                path.unlink()
+                removed.append(path)
+            except FileNotFoundError:
+                continue
+    return removed

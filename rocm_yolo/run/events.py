@@ -1,0 +1,61 @@
+"""The run log and its events: one line to the terminal, the same line with a time stamp in ``rocm-yolo.log``,
+and, for events, a JSON line in ``rocm_yolo/events.jsonl`` that tests and ``status`` read."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+PREFIX = "rocm-yolo:"
+
+
+class RunLog:
+    def __init__(
+        self, log_path: str | os.PathLike | None = None, events_path: str | os.PathLike | None = None, stream=None
+    ):
+        self.log_path = Path(log_path) if log_path else None
+        self.events_path = Path(events_path) if events_path else None
+        self.stream = stream
+
+    def _append(self, path: Path | None, text: str) -> None:
+        if path is None:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(text)
+        except OSError:
+            pass
+
+    def info(self, message: str) -> None:
+        stream = self.stream or sys.stderr
+        try:
+            print(f"{PREFIX} {message}", file=stream, flush=True)
+        except (OSError, ValueError):
+            pass
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        self._append(self.log_path, f"{stamp} [{os.getpid()}] {message}\n")
+
+    def event(self, kind: str, message: str | None = None, **fields) -> None:
+        """Record an event; ``message`` (if any) also goes to the terminal and the log."""
+        if message:
+            self.info(message)
+        record = {"event": kind, "time": time.time(), "pid": os.getpid(), **fields}
+        self._append(self.events_path, json.dumps(record, default=str) + "\n")
+
+
+def read_events(path: str | os.PathLike) -> list[dict]:
+    out = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out

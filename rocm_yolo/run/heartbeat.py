@@ -1,0 +1,66 @@
+"""The heartbeat record: how the training child tells the supervisor (and ``rocm-yolo status``) it lives.
+
+Each beat is one JSON record (:class:`Heartbeat`), sent two ways: as a line down a pipe the
+supervisor gave the child (:data:`FD_ENV`), which needs no disk, and into ``heartbeat.json``
+in the run's rocm-yolo directory (atomically), which ``rocm-yolo status`` reads from another
+terminal. Each record carries a sequence number that grows with every event, so "no
+progress" is "no new sequence number", whatever the clocks say.
+
+The writer is :mod:`rocm_yolo.trainer.heartbeat` (Ultralytics callbacks), the pipe's reader
+:class:`rocm_yolo.supervisor.child.PipeReader`. Readers get ``None`` for a missing,
+half-written or badly typed record instead of an exception.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+FD_ENV = "ROCM_YOLO_HEARTBEAT_FD"  # the write end of the supervisor's pipe, in the child
+MIN_INTERVAL = 1.0  # seconds between writes inside one phase
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    seq: int
+    pid: int
+    attempt: int
+    phase: str  # setup | train | val | save | done
+    epoch: int  # 1-based; 0 during setup
+    epochs: int
+    batch: int  # batches done in this epoch (train) or validation batches done (val)
+    batches: int  # batches per epoch (train) or in the validation pass (val)
+    step_max: float  # slowest step (seconds) since the previous write
+    step_last: float
+    batches_total: int  # train batches done by this attempt
+    it_s: float  # recent training speed, iterations per second
+    time: float  # wall clock of the write
+    started: float  # wall clock when this attempt started
+
+
+_TYPES = {f.name: (float if f.type == "float" else int if f.type == "int" else str) for f in fields(Heartbeat)}
+
+
+def parse(text: str | bytes) -> Heartbeat | None:
+    """A heartbeat from one JSON record, or None if it is not one (wrong keys or types)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or set(data) != set(_TYPES):
+        return None
+    for key, kind in _TYPES.items():
+        value = data[key]
+        ok = isinstance(value, str) if kind is str else isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not ok or (kind is int and float(value) != int(value)):
+            return None
+    return Heartbeat(**data)
+
+
+def read(path: str | os.PathLike) -> Heartbeat | None:
+    try:
+        return parse(Path(path).read_text())
+    except OSError:
+        return None

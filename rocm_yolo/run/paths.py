@@ -1,0 +1,178 @@
+"""Every file name rocm-yolo uses, in one place.
+
+:class:`RunPaths` owns the layout of one run directory (Ultralytics' ``runs/TASK/NAME``), as
+submitit's ``JobPaths`` owns a job's folder: Ultralytics' own files (``weights/last.pt``,
+``results.csv``), rocm-yolo's reports beside them (``rocm-yolo.log``, ``hang-K-stacks.txt``,
+``crash-K.txt``, ``setup-K.txt``, ``internal-K.txt``) and its machinery in ``rocm_yolo/``
+(specs, heartbeat, supervisor state, events, the lock). The user-level directories (the
+cache for the demo set, the conv self-test and MIOpen) are here too.
+
+Nothing here touches the file system except :meth:`RunPaths.mid_checkpoints`, a glob.
+This module imports nothing heavy: the CLI, the supervisor and DataLoader workers use it.
+The names of the environment variables that move the user-level directories are here too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+STATE_DIRNAME = "rocm_yolo"  # rocm-yolo's own files inside an Ultralytics run directory
+GOOD_NAME = "last_good.pt"  # the verified copy of last.pt
+_MID = re.compile(r"^ep(\d+)-ba(\d+)\.pt$")  # mid-epoch checkpoints: ep{EPOCH}-ba{BATCHES}.pt
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The files of one run directory. ``attempt`` numbers count on across resumes."""
+
+    run_dir: Path
+
+    def __init__(self, run_dir: str | os.PathLike):
+        object.__setattr__(self, "run_dir", Path(run_dir))
+
+    # Ultralytics' own files ------------------------------------------------------------
+    @property
+    def weights(self) -> Path:
+        return self.run_dir / "weights"
+
+    @property
+    def last(self) -> Path:
+        return self.weights / "last.pt"
+
+    @property
+    def best(self) -> Path:
+        return self.weights / "best.pt"
+
+    @property
+    def results(self) -> Path:
+        return self.run_dir / "results.csv"
+
+    # rocm-yolo's files beside them -----------------------------------------------------
+    @property
+    def last_good(self) -> Path:
+        return self.weights / GOOD_NAME
+
+    @property
+    def results_backup(self) -> Path:
+        return self.run_dir / "results.before-resume.csv"
+
+    @property
+    def log(self) -> Path:
+        return self.run_dir / "rocm-yolo.log"
+
+    def hang_stacks(self, attempt: int) -> Path:
+        return self.run_dir / f"hang-{attempt}-stacks.txt"
+
+    def crash(self, attempt: int) -> Path:
+        return self.run_dir / f"crash-{attempt}.txt"
+
+    def setup_error(self, attempt: int) -> Path:
+        return self.run_dir / f"setup-{attempt}.txt"
+
+    def internal_error(self, attempt: int) -> Path:
+        return self.run_dir / f"internal-{attempt}.txt"
+
+    def mid_checkpoint(self, epoch: int, batches: int) -> Path:
+        """A mid-epoch checkpoint: ``batches`` batches of epoch ``epoch`` (1-based) done."""
+        return self.weights / f"ep{epoch}-ba{batches}.pt"
+
+    def mid_checkpoints(self) -> list[tuple[int, int, Path]]:
+        """The mid-epoch checkpoints present, as (epoch, batches, path), oldest position first."""
+        found = []
+        try:
+            entries = list(self.weights.iterdir())
+        except OSError:
+            return []
+        for p in entries:
+            m = _MID.match(p.name)
+            if m:
+                found.append((int(m[1]), int(m[2]), p))
+        return sorted(found)
+
+    # rocm-yolo's machinery -------------------------------------------------------------
+    @property
+    def state(self) -> Path:
+        return self.run_dir / STATE_DIRNAME
+
+    def spec(self, attempt: int) -> Path:
+        return self.state / f"spec-{attempt}.json"
+
+    def specs(self) -> list[Path]:
+        """The spec files present, oldest attempt first."""
+        found = []
+        for p in self.state.glob("spec-*.json"):
+            number = p.stem[len("spec-") :]
+            if number.isdigit():
+                found.append((int(number), p))
+        return [p for _, p in sorted(found)]
+
+    @property
+    def heartbeat(self) -> Path:
+        return self.state / "heartbeat.json"
+
+    @property
+    def supervisor(self) -> Path:
+        return self.state / "supervisor.json"
+
+    @property
+    def events(self) -> Path:
+        return self.state / "events.jsonl"
+
+    @property
+    def workers(self) -> Path:
+        return self.state / "workers.jsonl"
+
+    @property
+    def stacks(self) -> Path:
+        return self.state / "stacks"
+
+    def trainer_stacks(self, pid: int) -> Path:
+        return self.stacks / f"trainer-{pid}.txt"
+
+    def worker_stacks(self, pid: int) -> Path:
+        return self.stacks / f"worker-{pid}.txt"
+
+    @property
+    def lock(self) -> Path:
+        return self.state / "lock"
+
+    def fault_fired(self, kind: str) -> Path:
+        """The marker that fault ``kind`` has fired in this run (faults fire once per run)."""
+        return self.state / f"fault-{kind}.fired"
+
+    @property
+    def fault_trigger(self) -> Path:
+        return self.state / "fault.trigger"
+
+
+# --------------------------------------------------------------------------- user level
+
+
+def cache_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """rocm-yolo's cache: ``$ROCM_YOLO_CACHE_DIR``, else ``$XDG_CACHE_HOME/rocm-yolo``, else ``~/.cache/rocm-yolo``."""
+    if env.get("ROCM_YOLO_CACHE_DIR"):
+        return Path(env["ROCM_YOLO_CACHE_DIR"]).expanduser()
+    return xdg_cache_home(env) / "rocm-yolo"
+
+
+def xdg_cache_home(env: Mapping[str, str] = os.environ) -> Path:
+    if env.get("XDG_CACHE_HOME"):
+        return Path(env["XDG_CACHE_HOME"])
+    home = env.get("HOME") or str(Path.home())
+    return Path(home) / ".cache"
+
+
+def demo_dir(version: int, env: Mapping[str, str] = os.environ) -> Path:
+    """Where the demo data set lives: ``$ROCM_YOLO_DEMO_DIR`` or ``demo-vN`` in the cache."""
+    if env.get("ROCM_YOLO_DEMO_DIR"):
+        return Path(env["ROCM_YOLO_DEMO_DIR"]).expanduser()
+    return cache_dir(env) / f"demo-v{version}"
+
+
+def miopen_dir(arch: str, override: str, env: Mapping[str, str] = os.environ) -> Path:
+    """A per-user MIOpen database and kernel cache, one per (architecture, HSA override)."""
+    return cache_dir(env) / "miopen" / (f"{arch}-hsa{override}" if override else arch)

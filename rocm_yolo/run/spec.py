@@ -1,0 +1,77 @@
+"""RunSpec: everything the training child needs, in one frozen, JSON-serialisable record.
+
+The CLI (or the Python API) builds a spec from the profile, flags and KEY=VALUE arguments;
+the supervisor writes it into the run directory and starts ``python -m rocm_yolo.trainer
+SPEC.json``. Nothing reaches the child by accident: what it needs travels here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from rocm_yolo.run.atomic import write_atomic
+from rocm_yolo.run.interval import DEFAULT_CHECKPOINT_INTERVAL
+from rocm_yolo.run.paths import RunPaths
+from rocm_yolo.run.profiles import LoaderSettings
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    data: str
+    model: str
+    run_dir: str
+    profile: str
+    loader: LoaderSettings
+    val: bool
+    train_args: dict  # Ultralytics train arguments (epochs, imgsz, batch, device, user KEY=VALUE, ...)
+    user_keys: tuple[str, ...] = ()  # keys the user set explicitly (presets never override them)
+    env: dict = field(default_factory=dict)  # environment the profile sets (user's own variables win)
+    resume: str | None = None  # checkpoint to resume from
+    conv: str = "auto"
+    checkpoint_every: str = DEFAULT_CHECKPOINT_INTERVAL  # mid-epoch checkpoints: Ns, Nm, Nh, Nba or 0 (run.interval)
+    attempt: int = 1
+    workers_requested: int | None = None  # what the user asked for, before a profile's cap or divisor
+    notes: tuple[str, ...] = ()  # lines for the header (e.g. warnings from resolving the profile)
+
+    @property
+    def paths(self) -> RunPaths:
+        return RunPaths(self.run_dir)
+
+    def with_changes(self, **changes) -> "RunSpec":
+        return replace(self, **changes)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        return json.dumps(d, indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunSpec":
+        d = json.loads(text)
+        d["loader"] = LoaderSettings.from_dict(d["loader"])
+        d["user_keys"] = tuple(d.get("user_keys", ()))
+        d["notes"] = tuple(d.get("notes", ()))
+        return cls(**d)
+
+    def save(self) -> Path:
+        """Write ``spec-<attempt>.json`` into the run's state directory and return its path."""
+        path = self.paths.spec(self.attempt)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, self.to_json())
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "RunSpec":
+        return cls.from_json(Path(path).read_text())
+
+
+def latest_spec(run_dir: str | os.PathLike) -> RunSpec | None:
+    """The spec of the newest attempt recorded in ``run_dir``, if rocm-yolo made that run."""
+    for path in reversed(RunPaths(run_dir).specs()):
+        try:
+            return RunSpec.load(path)
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+    return None

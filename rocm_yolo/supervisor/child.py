@@ -1,0 +1,101 @@
+"""The real training child: ``python -m rocm_yolo.trainer SPEC.json`` in its own session, and its heartbeat pipe.
+
+This is the mechanism behind :class:`rocm_yolo.supervisor.loop.Supervisor`'s policy; tests drive
+the loop with scripted children that have the same five methods.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from rocm_yolo.run import heartbeat
+from rocm_yolo.run.heartbeat import Heartbeat
+from rocm_yolo.run.lifecycle import SUPERVISOR_ENV
+from rocm_yolo.run.spec import RunSpec
+from rocm_yolo.supervisor import proctree
+from rocm_yolo.supervisor.config import WatchdogConfig
+
+TRAINER_MODULE = "rocm_yolo.trainer"
+
+
+class PipeReader:
+    """The supervisor's end of the heartbeat pipe: the complete records written since the last read, without blocking.
+
+    Every record counts, not only the newest: the first batch after a resume, say, tells where
+    the attempt started, and a short rest of an epoch can be trained between two reads.
+    """
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        os.set_blocking(fd, False)
+        self.pending = b""
+
+    def read(self) -> list[Heartbeat]:
+        while self.fd >= 0:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:  # the child closed its end (exited)
+                self.close()
+                break
+            self.pending += chunk
+        *lines, self.pending = self.pending.split(b"\n")
+        beats = (heartbeat.parse(line.decode("utf-8", "replace")) for line in lines)
+        return [hb for hb in beats if hb is not None]
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class ChildProcess:
+    """The training child in its own session.
+
+    It dies with the supervisor (``PR_SET_PDEATHSIG``) and sends its heartbeat down a pipe,
+    so a disk too full for the heartbeat file is not taken for a hang.
+    """
+
+    def __init__(self, spec: RunSpec, config: WatchdogConfig):
+        self.spec = spec
+        self.config = config
+        spec_path = spec.save()  # OSError (disk full, read-only): the caller stops the run
+        env = dict(os.environ)
+        env[SUPERVISOR_ENV] = str(os.getpid())
+        read_end, write_end = os.pipe()
+        env[heartbeat.FD_ENV] = str(write_end)
+        try:
+            self.proc = proctree.start(
+                [sys.executable, "-m", TRAINER_MODULE, str(spec_path)], env=env, pass_fds=(write_end,)
+            )
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        self.pid = self.proc.pid
+        self.beats = PipeReader(read_end)
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def heartbeats(self) -> list[Heartbeat]:
+        """This child's heartbeats since the last call, oldest first."""
+        return [hb for hb in self.beats.read() if hb.pid == self.pid]
+
+    def dump_stacks(self, out: Path) -> Path:
+        return proctree.dump_stacks(self.pid, self.spec.paths.stacks, out)
+
+    def kill(self) -> list[int]:
+        left = proctree.kill(self.pid, self.config.term_timeout, self.config.kill_timeout)
+        try:
+            self.proc.wait(timeout=1)
+        except Exception:
+            pass
+        self.beats.close()
+        return left

@@ -1,0 +1,69 @@
+"""What the next attempt starts from after a hang or a crash, and tidying a run that finished."""
+
+from __future__ import annotations
+
+import os
+
+from rocm_yolo.errors import UsageError
+from rocm_yolo.run import checkpoints
+from rocm_yolo.run.events import RunLog
+from rocm_yolo.run.profiles import LOADER_KEYS, next_profile, resolve
+from rocm_yolo.run.spec import RunSpec
+
+
+def next_spec(spec: RunSpec, ladder: tuple[str, ...], log: RunLog | None = None) -> RunSpec:
+    """The spec of the attempt after ``spec``: the next profile of ``ladder``, from the newest valid checkpoint.
+
+    The workers start again from the user's request (a profile's cut is not cut again), and a
+    loader override made for one profile does not follow the run onto the next.
+    """
+    profile = next_profile(spec.profile, ladder)
+    requested = spec.loader.workers if spec.workers_requested is None else spec.workers_requested
+    resolved = resolve(profile, requested)
+    resume = None
+    try:
+        path, note = checkpoints.choose_resume_point(spec.paths.last)
+        resume = str(path)
+        if note and log is not None:
+            log.info(note)
+    except UsageError:
+        resume = None  # nothing saved yet: start again in the same directory
+    train_args = {**spec.train_args, "exist_ok": True}
+    if profile == spec.profile:  # the last rung repeats: the same settings, the user's overrides included
+        return spec.with_changes(resume=resume, attempt=spec.attempt + 1, train_args=train_args)
+    val = spec.val if "val" in spec.user_keys else resolved.val
+    # the new profile's own loader settings: the user's loader overrides were for the old one
+    user_keys = tuple(k for k in spec.user_keys if k not in LOADER_KEYS)
+    return spec.with_changes(
+        profile=profile,
+        loader=resolved.loader,
+        val=val,
+        env=resolved.env,
+        resume=resume,
+        attempt=spec.attempt + 1,
+        train_args=train_args,
+        user_keys=user_keys,
+    )
+
+
+def tidy_finished(spec: RunSpec, log: RunLog) -> None:
+    """A finished run cannot be resumed: its verified resume copy and mid-epoch files only take disk space.
+
+    If ``last.pt`` was moved aside as damaged, the verified copy becomes ``last.pt`` again.
+    """
+    last, good = spec.paths.last, spec.paths.last_good
+    try:
+        if not last.exists() and checkpoints.verify(good) is None:
+            os.replace(good, last)
+        elif checkpoints.verify(last) is None:
+            good.unlink(missing_ok=True)
+        if checkpoints.verify(last) is None:  # mid-epoch checkpoints of a finished run: nothing to continue
+            checkpoints.remove_mid_checkpoints(spec.paths)
+    except OSError as e:  # housekeeping only: the weights are there either way
+        log.info(f"could not tidy {good}: {e.strerror or e}")
+
+
+def last_loadable(spec: RunSpec):
+    """The checkpoint a later resume will start from (``last.pt`` or its verified copy), or None."""
+    paths = spec.paths
+    return next((p for p in (paths.last, paths.last_good) if checkpoints.verify(p) is None), None)

@@ -1,0 +1,93 @@
+"""Work lost to restarts, from heartbeats: where an attempt stopped, where the next one resumed, what it retrained.
+
+A restart costs the time to notice the hang, the restart itself (stack dump, kill, new process,
+resume, worker start-up) and the batches trained again: those between the checkpoint the new
+attempt resumed from and the position the failed attempt had reached. :class:`WorkLost` turns
+the supervisor's heartbeats into one record per restart::
+
+    {"attempt": 2, "cause": "hang", "lost_at": [2, 4886], "resumed_at": [2, 4880], "batches": 41163,
+     "retrained_batches": 6, "detect_seconds": 180.4, "restart_seconds": 31.2, "retrain_seconds": 2.3}
+
+Positions are ``[epoch, batches done in it]`` (1-based epoch), as of the last heartbeat (at
+most a second old). ``retrain_seconds`` is measured by the trainer's own clock (the heartbeats'
+``time``): from the new attempt's first batch until it is back where the old one stopped, so it
+does not depend on how often the supervisor reads them. Knows nothing about processes; no torch.
+"""
+
+from __future__ import annotations
+
+from rocm_yolo.run.heartbeat import Heartbeat
+
+
+class WorkLost:
+    def __init__(self):
+        self.records: list[dict] = []
+        self.batches = 0  # training batches per epoch, from the latest training heartbeat
+        self.at: list[int] | None = None  # the furthest position of the current attempt
+        self.pending: dict | None = None  # the record of a failed attempt, until the next one trains
+        self.retraining: tuple[dict, int, float] | None = None  # (record, target, first batch's heartbeat time)
+        self.last_time = 0.0  # the newest heartbeat's time
+
+    def _index(self, position) -> int:
+        return (position[0] - 1) * self.batches + position[1]
+
+    def observe(self, hb: Heartbeat) -> dict | None:
+        """Feed a new heartbeat; returns the record whose retraining just finished, if any."""
+        self.last_time = hb.time
+        if hb.phase == "train" and hb.epoch > 0:
+            self.batches = hb.batches
+            self.at = [hb.epoch, hb.batch]
+        elif hb.phase in ("val", "save", "done") and hb.epoch > 0 and self.batches:
+            self.at = [hb.epoch, self.batches]  # the epoch's training is done
+        if self.retraining is None or self.at is None:
+            return None
+        record, target, since = self.retraining
+        if self._index(self.at) >= target:
+            return self._finish_retraining()
+        return None
+
+    def _finish_retraining(self) -> dict:
+        record, target, since = self.retraining
+        record["retrain_seconds"] = round(max(self.last_time - since, 0.0), 1)
+        self.retraining = None
+        return record
+
+    def failed(self, cause: str, now: float, detect_seconds: float = 0.0) -> dict | None:
+        """An attempt stalled or crashed; returns a record still retraining that it cut short."""
+        cut = self._finish_retraining() if self.retraining is not None else None
+        self.pending = {
+            "cause": cause,
+            "lost_at": self.at,
+            "batches": self.batches,
+            "detect_seconds": round(detect_seconds, 1),
+            "failed_at": now,
+        }
+        self.at = None
+        return cut
+
+    def resumed(self, hb: Heartbeat, attempt: int, checkpoint: str | None, now: float) -> dict | None:
+        """The next attempt trained its first batch (``hb``); returns the finished record, None if nothing failed."""
+        record, self.pending = self.pending, None
+        if record is None:
+            return None
+        start = [hb.epoch, hb.batch - hb.batches_total] if 0 <= hb.batches_total <= hb.batch else None
+        record.update(
+            attempt=attempt,
+            checkpoint=checkpoint,
+            resumed_at=start,
+            restart_seconds=round(now - record.pop("failed_at"), 1),
+            retrain_seconds=0.0,
+        )
+        lost = record["lost_at"]
+        if lost is not None and start is not None and record["batches"] == hb.batches:
+            self.batches = hb.batches
+            retrained = max(self._index(lost) - self._index(start), 0)
+            record["retrained_batches"] = retrained
+            if retrained > hb.batches_total:  # not yet back where it was
+                self.retraining = (record, self._index(lost), hb.time)
+            elif retrained and hb.it_s > 0:  # already back by this heartbeat (fast batches): from the speed
+                record["retrain_seconds"] = round(retrained / hb.it_s, 1)
+        else:
+            record["retrained_batches"] = None
+        self.records.append(record)
+        return record

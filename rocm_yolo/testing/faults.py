@@ -1,0 +1,273 @@
+"""Fault injection for tests and benchmarks: real hangs, crashes and bugs, on request.
+
+One variable, one grammar: ``ROCM_YOLO_FAULT=KIND[@WHERE][,KIND[@WHERE]...]``.
+
+Training faults, ``WHERE`` = ``EPOCH:BATCH`` (1-based; fired after that training batch):
+
+- ``worker-hang``: a DataLoader worker blocks forever in ``__getitem__`` (the trainer then
+  waits forever for its batch, as in the users' hangs); without ``@`` from the first item.
+  Under the ``threads`` profile the loader threads block instead, before their next batch;
+- ``main-hang``: the trainer's main thread blocks forever;
+- ``crash``: the trainer raises ``RuntimeError`` (a training error: restarted);
+- ``bug``: the trainer raises ``KeyError`` from rocm-yolo's own code (an internal error);
+  ``bug@setup`` raises it before training starts;
+- ``save-kill``: the trainer kills itself with SIGKILL halfway through writing the first
+  mid-epoch checkpoint at or after that batch (a temporary file is left, half written).
+
+Conv self-test faults, ``WHERE`` = a strategy name: ``conv-raise`` imitates a HIP error,
+``conv-abort`` a GPU memory access fault (SIGABRT), ``conv-hang`` a stuck kernel (all three
+as the strategy starts); ``conv-slow`` makes every convolution of the strategy really
+slower (it spins for ``SLOW_CONV_SECONDS`` of CPU time), so the self-test's timed run
+measures it; ``conv-half-inference`` makes its half-precision convolutions outside
+autograd raise, as MIOpen's "No invoker was registered for convolution forward" did in
+YOLOv8's validation (ROCm/MIOpen#3077): training passes, validation fails.
+
+A training fault fires once per run directory (a marker file records it), so the run that
+the watchdog restarts is healthy. Production code reaches this module only through
+:mod:`rocm_yolo.run.hooks`, and only when the variable is set.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+from rocm_yolo.run.hooks import FAULT_ENV as ENV
+from rocm_yolo.run.paths import RunPaths
+
+TRAINING = ("worker-hang", "main-hang", "crash", "bug", "save-kill")
+CONV_AT_START = ("conv-raise", "conv-abort", "conv-hang")
+CONV = CONV_AT_START + ("conv-slow", "conv-half-inference")
+SLOW_CONV_SECONDS = 0.02  # what conv-slow adds to every convolution
+KINDS = TRAINING + CONV
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    epoch: int | None = None  # training faults: when (None: at once / from the start)
+    batch: int | None = None
+    where: str | None = None  # conv faults: the strategy; "setup" for bug@setup
+
+
+def parse(text: str | None) -> list[Fault]:
+    """The faults in ``text`` (the variable's value); ValueError names a malformed item."""
+    out = []
+    for item in (x.strip() for x in (text or "").split(",")):
+        if not item:
+            continue
+        kind, _, where = item.partition("@")
+        if kind not in KINDS:
+            raise ValueError(f"{ENV}: unknown fault '{kind}' in {item!r}: choose one of {', '.join(KINDS)}")
+        if kind in CONV:
+            if not where:
+                raise ValueError(f"{ENV}: {kind} needs a strategy, e.g. {kind}@native")
+            out.append(Fault(kind, where=where))
+        elif where == "setup" and kind == "bug":
+            out.append(Fault(kind, where="setup"))
+        elif where:
+            epoch, _, batch = where.partition(":")
+            try:
+                out.append(Fault(kind, int(epoch), int(batch or 1)))
+            except ValueError:
+                raise ValueError(f"{ENV}: {item!r}: write {kind}@EPOCH:BATCH, e.g. {kind}@2:1") from None
+        else:
+            out.append(Fault(kind))
+    return out
+
+
+def active(env: Mapping[str, str] = os.environ) -> list[Fault]:
+    return parse(env.get(ENV))
+
+
+def find(kind: str, env: Mapping[str, str] = os.environ) -> Fault | None:
+    return next((f for f in active(env) if f.kind == kind), None)
+
+
+def claim(fault: Fault, paths: RunPaths) -> bool:
+    """True the first time ``fault`` fires in this run directory (a marker file records it)."""
+    marker = paths.fault_fired(fault.kind)
+    if marker.exists():
+        return False
+    marker.write_text(f"{fault.kind} at epoch {fault.epoch} batch {fault.batch}\n")
+    return True
+
+
+def block_forever() -> None:
+    """A real hang: the calling thread waits on an event nobody sets."""
+    threading.Event().wait()
+
+
+class InjectedBug(KeyError):
+    """What ``bug`` raises: a KeyError, the kind of exception a real bug throws."""
+
+
+def raise_bug(where: str) -> None:
+    raise InjectedBug(f"injected bug ({ENV}) {where}")
+
+
+# --------------------------------------------------------------------------- conv self-test
+
+
+def conv_fault(strategy: str, env: Mapping[str, str] = os.environ) -> None:
+    """In the conv self-test child: imitate a GPU failure of ``strategy`` if one is requested."""
+    fault = next((f for f in active(env) if f.kind in CONV_AT_START and f.where == strategy), None)
+    if fault is None:
+        return
+    if fault.kind == "conv-raise":
+        raise RuntimeError(f"HIP error: invalid device function (injected by {ENV})")
+    if fault.kind == "conv-abort":
+        sys.stderr.write(f"Memory access fault by GPU node-1: injected by {ENV}\n")
+        sys.stderr.flush()
+        os.abort()
+    while True:  # conv-hang
+        time.sleep(1)
+
+
+def conv_slowdown(strategy: str, env: Mapping[str, str] = os.environ) -> float:
+    """Seconds ``conv-slow`` adds to each convolution of ``strategy`` (0.0 when not requested)."""
+    return SLOW_CONV_SECONDS if any(f.kind == "conv-slow" and f.where == strategy for f in active(env)) else 0.0
+
+
+def conv_half_inference_fails(strategy: str, env: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``conv-half-inference`` asks half-precision inference of ``strategy`` to fail."""
+    return any(f.kind == "conv-half-inference" and f.where == strategy for f in active(env))
+
+
+def half_inference_error() -> RuntimeError:
+    return RuntimeError(
+        "miopenStatusUnknownError: No invoker was registered for convolution forward. "
+        f"Was find executed? (injected by {ENV})"
+    )
+
+
+def wrap_conv(strategy: str, env: Mapping[str, str] = os.environ) -> None:
+    """``conv-slow`` and ``conv-half-inference``: wrap the installed ``Conv2d._conv_forward`` of ``strategy``.
+
+    In the conv self-test child only; installing the next strategy replaces the wrapper
+    (``install`` puts its own callable on the class).
+    """
+    delay = conv_slowdown(strategy, env)
+    fail_half = conv_half_inference_fails(strategy, env)
+    if not delay and not fail_half:
+        return
+    import torch
+    from torch import nn
+
+    from rocm_yolo.patches import conv as conv_patch
+
+    inner = nn.Conv2d.__dict__["_conv_forward"]
+
+    def _conv_forward(self, input, weight, bias):
+        half = input.dtype == torch.float16 or conv_patch._autocast_dtype(input.device.type) == torch.float16
+        if fail_half and half and not torch.is_grad_enabled():
+            raise half_inference_error()
+        if delay:  # spin, not sleep: CPU time is what the timed run counts on the CPU
+            end = time.thread_time() + delay
+            while time.thread_time() < end:
+                pass
+        return inner(self, input, weight, bias)
+
+    nn.Conv2d._conv_forward = _conv_forward
+
+
+# --------------------------------------------------------------------------- training
+
+
+def worker_hang_check(run_dir: str | os.PathLike | None):
+    """``worker-hang``: a check that blocks the calling thread forever once the run's trigger
+    file exists (at once without ``@``); None when the fault is not requested. Worker
+    processes run it in every ``__getitem__`` (:func:`arm_worker`), the loader threads of the
+    ``threads`` profile before every batch."""
+    fault = find("worker-hang")
+    if fault is None:
+        return None
+    trigger = str(RunPaths(run_dir).fault_trigger) if fault.epoch is not None and run_dir else None
+
+    def check() -> None:
+        if trigger is None or os.path.exists(trigger):
+            block_forever()
+
+    return check
+
+
+def arm_worker(dataset, run_dir: str | os.PathLike | None) -> None:
+    """In a DataLoader worker: make this worker's ``__getitem__`` hang once the trigger exists."""
+    check = worker_hang_check(run_dir)
+    if check is None or dataset is None:
+        return
+    cls = type(dataset)
+    original = cls.__getitem__
+
+    def __getitem__(self, index):
+        check()
+        return original(self, index)
+
+    cls.__getitem__ = __getitem__  # this worker process only: it is a separate interpreter
+
+
+def save_kill_writer(paths: RunPaths, where: tuple[int, int]):
+    """``save-kill``: a writer ``(ckpt, file)`` that SIGKILLs the trainer halfway through the mid-epoch
+    checkpoint at ``where`` (epoch, batch), the first at or after the fault's position; None otherwise."""
+    fault = find("save-kill")
+    if fault is None or (fault.epoch is not None and where < (fault.epoch, fault.batch)) or not claim(fault, paths):
+        return None
+
+    def kill_halfway(ckpt, f) -> None:
+        import io
+        import signal
+
+        import torch
+
+        buffer = io.BytesIO()
+        torch.save(ckpt, buffer)
+        data = buffer.getvalue()
+        f.write(data[: len(data) // 2])
+        f.flush()
+        os.fsync(f.fileno())
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return kill_halfway
+
+
+class Injector:
+    """Trainer side: Ultralytics callbacks that fire the training faults, each once per run."""
+
+    def __init__(self, faults: list[Fault], paths: RunPaths):
+        self.faults = [f for f in faults if f.kind in TRAINING and f.kind != "save-kill"]  # that one: save_kill_writer
+        self.paths = paths
+        self.batch = 0
+        paths.fault_trigger.unlink(missing_ok=True)  # a restarted run starts with healthy workers
+
+    def _claim(self, fault: Fault) -> bool:
+        return claim(fault, self.paths)
+
+    def on_pretrain_routine_start(self, trainer) -> None:
+        for f in self.faults:
+            if f.kind == "bug" and f.where == "setup" and self._claim(f):
+                raise_bug("before training")
+
+    def on_train_epoch_start(self, trainer) -> None:
+        self.batch = 0
+
+    def resumed_at(self, batch: int) -> None:
+        """The epoch continues after ``batch`` batches trained before a restart (a mid-epoch checkpoint)."""
+        self.batch = batch
+
+    def on_train_batch_end(self, trainer) -> None:
+        self.batch += 1
+        for f in self.faults:
+            if f.epoch is None or (trainer.epoch + 1, self.batch) != (f.epoch, f.batch) or not self._claim(f):
+                continue
+            if f.kind == "worker-hang":
+                self.paths.fault_trigger.write_text("hang\n")
+            elif f.kind == "main-hang":
+                block_forever()
+            elif f.kind == "crash":
+                raise RuntimeError(f"injected crash ({ENV}) at epoch {f.epoch} batch {f.batch}")
+            elif f.kind == "bug":
+                raise_bug(f"at epoch {f.epoch} batch {f.batch}")

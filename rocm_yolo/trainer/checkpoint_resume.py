@@ -1,0 +1,172 @@
+"""Continuing a run from a mid-epoch checkpoint at the next batch, as if it had never stopped.
+
+``resume_training`` (wrapped on the trainer instance) restores the optimizer, scaler, EMA,
+raw weights and stopper (for the first epoch, where Ultralytics' resume cannot start, it does
+it all); at the resumed epoch's start the callbacks set the loop's ``last_opt_step`` and
+accumulated gradients, make the loop's ``i`` start at the next batch
+(:mod:`rocm_yolo.patches.trainloop`) and the sampler replay the epoch's order without the
+batches done (:mod:`.sample_order`); the RNG states are restored when that pass starts, the
+running loss at the first batch. Listeners (the heartbeat, the checkpoint writer, the fault
+injector) hear the batch the epoch continues after.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from rocm_yolo.patches import trainloop
+from rocm_yolo.run.checkpoints import MID_EPOCH_KEY
+from rocm_yolo.run.events import RunLog
+from rocm_yolo.trainer import sample_order
+from rocm_yolo.trainer.checkpoint_state import TrainOrder, describe_position, loads_in_process, set_rng_states, unwrap
+
+
+def load_training_state(trainer, ckpt: dict) -> None:
+    """What Ultralytics' resume loads (optimizer, scaler, EMA, best fitness, stopper), for the first epoch."""
+    optimizer = ckpt["optimizer"]
+    for saved, group in zip(optimizer["param_groups"], trainer.optimizer.param_groups):
+        if "fused" in group:
+            saved["fused"] = group["fused"]
+    trainer.optimizer.load_state_dict(optimizer)
+    if ckpt.get("scaler"):
+        trainer.scaler.load_state_dict(ckpt["scaler"])
+    trainer.ema.ema.load_state_dict(ckpt["ema"].float().state_dict())
+    trainer.ema.updates = ckpt["updates"]
+    trainer.best_fitness = ckpt.get("best_fitness")
+
+
+def refill_buffer(dataset, buffer: list) -> None:
+    """Load the mosaic buffer's images in order: the in-process dataset's buffer and cache as they were."""
+    for index in buffer:
+        if 0 <= index < len(dataset) and dataset.ims[index] is None:
+            dataset.load_image(index)
+
+
+class MidEpochResume:
+    """Ultralytics callbacks that continue a run inside the epoch of its mid-epoch checkpoint."""
+
+    def __init__(
+        self,
+        log: RunLog,
+        order: TrainOrder,
+        *,
+        on_resumed: tuple[Callable[[int], None], ...] = (),
+        supported: Callable[[], bool] = lambda: True,
+    ):
+        self.log = log
+        self.order = order
+        self.on_resumed = on_resumed
+        self.supported = supported  # whether this Ultralytics has every internal it needs (trainer.compat)
+        self.state: dict | None = None  # MID_EPOCH_KEY of the checkpoint this process continues
+        self.name = ""
+        self.loader = None  # the train loader the position was checked against
+        self.continuing: dict | None = None  # between the resumed epoch's start and its first batch
+
+    def on_pretrain_routine_start(self, trainer) -> None:
+        if not self.supported():  # compat.check() has said so at start-up
+            self.order.off(None)
+            return
+        trainloop.install()
+        original = trainer.resume_training
+
+        def resume_training(ckpt):
+            state = (ckpt or {}).get(MID_EPOCH_KEY) if trainer.resume else None
+            if not state:
+                return original(ckpt)
+            if state["epoch"] >= 1:
+                original(ckpt)  # its "epoch" is the last completed one: Ultralytics starts the epoch in progress
+            else:
+                load_training_state(trainer, ckpt)  # the first epoch: Ultralytics' resume cannot start it
+            self._restore_weights(trainer, ckpt, state)
+
+        trainer.resume_training = resume_training
+
+    def _restore_weights(self, trainer, ckpt: dict, state: dict) -> None:
+        unwrap(trainer.model).load_state_dict(state["model"])  # resume rebuilt the model from the EMA
+        # its state, not its settings: Ultralytics lets a resume change patience
+        trainer.stopper.__dict__.update({k: v for k, v in state["stopper"].items() if k != "patience"})
+        metrics = dict(ckpt.get("train_metrics") or {})
+        trainer.fitness = metrics.pop("fitness", None)
+        if metrics and trainer.metrics is not None:
+            trainer.metrics.update(metrics)
+        self.state = {k: v for k, v in state.items() if k != "model"}
+        self.name = Path(str(trainer.args.resume)).name
+
+    def on_pretrain_routine_end(self, trainer) -> None:
+        loader = trainer.train_loader
+        if not self.order.follow(loader) or self.state is None:
+            return
+        state = self.state
+        found = (len(loader), len(loader.dataset), sample_order.batch_size(loader))
+        saved = (state["batches"], state["samples"], state["batch_size"])
+        if found != saved:
+            self.log.event(
+                "resume_position",
+                f"the data set or batch changed ({saved[1]} images in {saved[0]} batches "
+                f"of {saved[2]} -> {found[1]} in {found[0]} of {found[2]}): training epoch "
+                f"{state['epoch'] + 1} from its first batch",
+                found=found,
+                saved=saved,
+            )
+            self.state = None
+            return
+        self.loader = loader
+        self.order.sampler.resume_next_pass(
+            state["sampler"]["state"], state["sampler"]["skip"], on_start=lambda: set_rng_states(state["rng"])
+        )
+        if state.get("buffer") and loads_in_process(loader):
+            refill_buffer(loader.dataset, state["buffer"])
+
+    def on_train_epoch_start(self, trainer) -> None:
+        state, self.state = self.state, None
+        if state is None or not self.order.supported or trainer.train_loader is not self.loader:
+            return  # nothing to continue, or the loader was rebuilt (Ultralytics halves the batch after an OOM)
+        if trainer.epoch != state["epoch"]:
+            self.log.event(
+                "resume_position",
+                f"Ultralytics started epoch {trainer.epoch + 1}, not the checkpoint's "
+                f"{state['epoch'] + 1}: training it from its first batch",
+            )
+            return
+        try:
+            trainloop.set_local(trainloop.loop_frame(trainer), "last_opt_step", state["last_opt_step"])
+        except Exception as e:  # noqa: BLE001 - a changed loop: retrain the epoch's first batches instead
+            self.order.off(
+                f"cannot continue the training loop inside the epoch ({type(e).__name__}: {e}); "
+                f"training epoch {state['epoch'] + 1} from its first batch"
+            )
+            return
+        params = dict(unwrap(trainer.model).named_parameters())
+        for name, grad in state["grads"].items():
+            params[name].grad = grad.to(params[name].device)
+        b, nb = state["batch"], state["batches"]
+        trainloop.arm(trainer.train_loader, b, nb - b)
+        self.continuing = state
+        for listener in self.on_resumed:
+            listener(b)
+        self.log.event(
+            "resumed",
+            f"resumed at {describe_position(state, trainer.epochs)} from {self.name}; continuing with batch {b + 1:,}",
+            epoch=state["epoch"] + 1,
+            batch=b,
+            batches=nb,
+            checkpoint=self.name,
+        )
+
+    def on_train_batch_start(self, trainer) -> None:
+        if not self.continuing:
+            return
+        state, self.continuing = self.continuing, None
+        trainloop.disarm()
+        if not self.order.supported:
+            return
+        i = trainloop.read_locals(trainloop.loop_frame(trainer), ("i",)).get("i")
+        if i != state["batch"]:
+            self.order.off(f"the training loop started at batch {i}, not {state['batch']}")
+            return
+        device = next(unwrap(trainer.model).parameters()).device
+        trainer.tloss = {k: v.to(device) for k, v in state["tloss"].items()} if state["tloss"] else None
+
+    def on_train_end(self, trainer) -> None:
+        trainloop.uninstall()

@@ -1,0 +1,95 @@
+"""The training child's steps 2-4: set up, then ``YOLO(model).train(**args)`` with rocm-yolo's callbacks."""
+
+from __future__ import annotations
+
+import time
+
+from rocm_yolo.errors import CHILD_FINISHED, OK
+from rocm_yolo.run import hooks
+from rocm_yolo.run.checkpoints import MID_EPOCH_KEY
+from rocm_yolo.run.events import RunLog
+from rocm_yolo.run.interval import parse_interval
+from rocm_yolo.run.spec import RunSpec
+from rocm_yolo.trainer import failures, resume
+from rocm_yolo.trainer.setup import Environment, header_lines, setup
+
+
+def run(spec: RunSpec, log: RunLog) -> int:
+    """Set up (raising for errors before training: the caller reports them), then train."""
+    env = setup(spec, log)  # 2.-3.
+    return train(spec, env, log)  # 4.
+
+
+def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
+    """rocm-yolo's callback owners in the order they run, and the run hooks among them."""
+    from rocm_yolo.trainer import compat
+    from rocm_yolo.trainer.checkpoint_resume import MidEpochResume
+    from rocm_yolo.trainer.checkpoint_save import MidEpochSave
+    from rocm_yolo.trainer.checkpoint_state import TrainOrder
+    from rocm_yolo.trainer.heartbeat import HeartbeatWriter
+    from rocm_yolo.trainer.run_hooks import RunHooks
+
+    paths = spec.paths
+    heartbeat = HeartbeatWriter(
+        paths.heartbeat, attempt=spec.attempt, on_error=lambda message: log.event("heartbeat_error", message)
+    )
+    run_hooks = RunHooks(spec, log, arg_presets=env.args)
+    testing = hooks.trainer_callbacks(paths, spec.attempt)  # [] unless a test asked for faults or a recording
+    order = TrainOrder(log)
+    requested = {k: spec.train_args[k] for k in ("batch", "imgsz") if k in spec.train_args}
+    save = MidEpochSave(
+        paths,
+        log,
+        parse_interval(spec.checkpoint_every),
+        order,
+        saved_epoch=lambda: run_hooks.verified_epoch,
+        requested=requested,
+    )
+    listeners = [heartbeat.resumed_at, save.resumed_at] + [t.resumed_at for t in testing if hasattr(t, "resumed_at")]
+    mid_resume = MidEpochResume(
+        log, order, on_resumed=tuple(listeners), supported=lambda: not compat.missing_for(compat.MID_EPOCH_FEATURE)
+    )
+    # the mid-epoch ones last: a resumed epoch moves the others' batch counters after they reset them
+    return [run_hooks, heartbeat, *testing, save, mid_resume], run_hooks
+
+
+def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
+    from rocm_yolo.trainer.callbacks import register
+    from rocm_yolo.trainer.checkpoint_save import clean_temporaries
+
+    started = time.time()
+    owners, run_hooks = callback_owners(spec, env, log)  # the heartbeat says "setup" from here on
+    for line in header_lines(spec, env):
+        log.info(line)
+
+    from ultralytics import YOLO
+
+    clean_temporaries(spec.paths)  # half-written files of a checkpoint write that was killed
+    model = None
+    try:
+        model = YOLO(spec.resume or spec.model)
+        if spec.resume:
+            spec, model = resume.continue_mid_epoch(spec, model, log, YOLO)
+        args = resume.train_args(spec, env.args, log, model.ckpt)
+        if model.ckpt:
+            model.ckpt.pop(MID_EPOCH_KEY, None)  # the trainer loads its own copy; do not hold this one all run
+        register(model, owners)
+        model.train(**args)
+    except resume.RunFinished as e:
+        failures.say_user_error(log, str(e))
+        return CHILD_FINISHED
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:
+        if not run_hooks.training_started:
+            raise  # the child reports it: user, environment or internal, never retried
+        trainer = getattr(model, "trainer", None)
+        loaders = (
+            getattr(trainer, "train_loader", None),
+            getattr(getattr(trainer, "validator", None), "dataloader", None),
+        )
+        return failures.report_training_failure(
+            spec, log, failures.name_dead_worker(e, [x for x in loaders if x is not None])
+        )
+    log.event("finished", seconds=round(time.time() - started, 2))
+    return OK

@@ -1,0 +1,98 @@
+"""What rocm-yolo adds to an Ultralytics training run: ordinary Ultralytics callbacks (:class:`RunHooks`).
+
+- ``on_pretrain_routine_start`` sees the trainer right after ``BaseTrainer.__init__`` set
+  ``args.workers = 0`` for CPU/MPS: it restores the requested count (saying so), enforces the
+  profile's ``val`` and the presets (e.g. ``amp``) also on resume, where Ultralytics' resume
+  whitelist would drop them, and tags the trainer's loaders as "train" or "val" so the
+  DataLoader patch can cap and describe them.
+- ``on_train_epoch_start`` gives a non-persistent profile fresh workers every epoch:
+  Ultralytics' ``InfiniteDataLoader`` keeps one iterator for the whole run, so
+  ``persistent_workers=False`` alone changes nothing; ``reset()`` closes the old workers and
+  the next epoch's first batch starts new ones.
+- ``on_model_save`` keeps a verified copy of ``last.pt`` (``verified_epoch`` says which epoch's).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from rocm_yolo.patches import dataloader as loader_patch
+from rocm_yolo.run import checkpoints
+from rocm_yolo.run.events import RunLog
+from rocm_yolo.run.spec import RunSpec
+
+
+class RunHooks:
+    def __init__(self, spec: RunSpec, log: RunLog, arg_presets: dict | None = None):
+        self.spec = spec
+        self.log = log
+        self.arg_presets = dict(arg_presets or {})
+        self.training_started = False
+        self.epoch_started = False
+        self.recorded_epoch: int | None = None
+        self.verified_epoch: int | None = None  # the epoch (0-based) whose last.pt was saved and verified last
+
+    # setup ---------------------------------------------------------------------------------
+    def on_pretrain_routine_start(self, trainer) -> None:
+        args = trainer.args
+        want = self.spec.loader.workers
+        if args.workers != want:
+            self.log.info(
+                f"Ultralytics set workers={args.workers} for device '{args.device or 'auto'}'; "
+                f"restored the requested workers={want}"
+            )
+            args.workers = want
+        args.val = self.spec.val
+        for key, value in self.arg_presets.items():
+            setattr(args, key, value)
+        original = trainer.get_dataloader
+
+        @functools.wraps(original)
+        def get_dataloader(*args, **kwargs):  # any signature: only the role is read
+            mode = kwargs.get("mode", args[3] if len(args) > 3 else "train")
+            with loader_patch.loader_role(mode):
+                return original(*args, **kwargs)
+
+        trainer.get_dataloader = get_dataloader
+
+    def on_pretrain_routine_end(self, trainer) -> None:
+        for entry in loader_patch.built_loaders():
+            self.log.info(loader_patch.describe(entry))
+        self.log.event("loaders", loaders=loader_patch.built_loaders())
+
+    def on_train_start(self, trainer) -> None:
+        self.training_started = True
+
+    # epochs --------------------------------------------------------------------------------
+    def _fresh_workers(self, loader) -> None:
+        """Under a non-persistent profile, close ``loader``'s workers: its next batch starts new ones."""
+        if self.spec.loader.persistent_workers or self.spec.loader.workers == 0:
+            return
+        if getattr(loader, "iterator", None) is not None and hasattr(loader, "reset"):
+            loader.reset()
+
+    def on_train_epoch_start(self, trainer) -> None:
+        if self.epoch_started:  # the first epoch of this process already has fresh workers
+            self._fresh_workers(trainer.train_loader)
+        self.epoch_started = True
+
+    def on_train_batch_end(self, trainer) -> None:
+        if self.recorded_epoch == trainer.epoch:
+            return
+        self.recorded_epoch = trainer.epoch
+        workers = getattr(getattr(trainer.train_loader, "iterator", None), "_workers", None) or []
+        self.log.event("workers", epoch=trainer.epoch + 1, loader="train", pids=[w.pid for w in workers])
+
+    def on_val_start(self, validator) -> None:
+        self._fresh_workers(getattr(validator, "dataloader", None))
+
+    def on_model_save(self, trainer) -> None:
+        try:
+            good = checkpoints.keep_good_copy(trainer.last)
+        except OSError as e:
+            self.log.info(f"could not keep a verified copy of {trainer.last}: {e}")
+            return
+        if good is None:
+            self.log.info(f"{trainer.last} failed verification right after the save; kept the previous copy")
+        else:
+            self.verified_epoch = trainer.epoch

@@ -1,0 +1,138 @@
+"""The training child's steps 2 and 3: environment and presets, the fork server, checked imports, the patches.
+
+``prepare_environment`` must not import torch: it runs before the patches, and the fork
+server (started right after it) inherits the environment it leaves.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass, field, replace
+
+from rocm_yolo import errors
+from rocm_yolo.errors import SetupError
+from rocm_yolo.gpu import arch as gpu_arch
+from rocm_yolo.gpu import presets as gpu_presets
+from rocm_yolo.run.events import RunLog
+from rocm_yolo.run.profiles import LoaderSettings
+from rocm_yolo.run.spec import RunSpec
+
+
+@dataclass
+class Environment:
+    arch: str | None
+    presets: list = field(default_factory=list)
+    loader: LoaderSettings | None = None
+    args: dict = field(default_factory=dict)  # train-argument presets (e.g. amp=False on gfx1010)
+    conv: str = "native"  # requested conv strategy after presets ("auto" resolved later)
+    conv_line: str = ""  # how the strategy was chosen, for the run header
+
+
+def prepare_environment(spec: RunSpec, environ=os.environ) -> Environment:
+    """Apply the profile's variables and the architecture's presets where the user set nothing."""
+    for key, value in spec.env.items():
+        environ.setdefault(key, value)
+    arch = gpu_arch.detect_arch()
+    user_args = {k: spec.conv if k == "conv" else spec.train_args.get(k, True) for k in spec.user_keys}
+    found = gpu_presets.presets(arch, user_args, environ)
+    env = Environment(arch=arch, presets=found, loader=spec.loader, conv=spec.conv)
+    for p in found:
+        if p.user_set:
+            continue
+        if p.kind == "env":
+            environ[p.key] = str(p.value)
+            if p.key.startswith("MIOPEN_") and p.key.endswith(("_PATH", "_DIR")):
+                os.makedirs(str(p.value), exist_ok=True)
+        elif p.kind == "tool" and p.key == "conv":
+            env.conv = str(p.value)
+        elif p.kind == "arg":
+            env.args[p.key] = p.value
+        elif p.kind == "loader" and p.key in LoaderSettings.__dataclass_fields__:
+            env.loader = replace(env.loader, **{p.key: p.value})
+    return env
+
+
+def import_checked(name: str, what: str):
+    """Import ``name``; a failure of any kind is a broken environment, named as such."""
+    try:
+        return importlib.import_module(name)
+    except BaseException as e:
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise SetupError(
+            f"{name} cannot be imported ({errors.one_line(e)}): {what}; 'rocm-yolo doctor' shows more"
+        ) from e
+
+
+def install_conv(spec: RunSpec, env: Environment) -> None:
+    """Resolve ``--conv`` (``auto`` runs the self-test on ROCm) and install it."""
+    from rocm_yolo.conv import selftest
+    from rocm_yolo.patches import conv as conv_patch
+
+    device = "cpu" if str(spec.train_args.get("device")) == "cpu" else "cuda"
+    amp = env.args.get("amp", spec.train_args.get("amp", True)) not in (False, "fp32")
+    try:
+        strategy, env.conv_line = selftest.resolve_strategy(env.conv, env.arch, device=device, amp=amp)
+    except selftest.SelfTestError as e:  # a restart would find none either
+        raise SetupError(f"no working Conv2d strategy: {e}") from e
+    if strategy != "native":
+        conv_patch.install(strategy)
+    env.conv = strategy
+
+
+def setup(spec: RunSpec, log: RunLog) -> Environment:
+    """Steps 2-3: everything before the model is built; raises for errors (the child reports them)."""
+    env = prepare_environment(spec)  # 2. profile variables and architecture presets (no torch yet)
+    if env.loader.workers and env.loader.start_method == "forkserver":
+        from rocm_yolo.trainer import forkserver
+
+        forkserver.start(spec.run_dir)  # imports torch and Ultralytics while the trainer does the same
+    import_checked("torch", "reinstall torch (on an AMD GPU, the ROCm build)")  # 3.
+    import_checked("ultralytics", "reinstall ultralytics")
+    from rocm_yolo.patches import dataloader as loader_patch
+    from rocm_yolo.trainer import compat
+
+    for warning in compat.check():  # essential internals missing: SetupError; others: a feature is off
+        log.event("compat", warning, warning=warning)
+    loader_patch.install(env.loader, spec.run_dir)
+    install_conv(spec, env)
+    return env
+
+
+def header_lines(spec: RunSpec, env: Environment) -> list[str]:
+    import torch
+    import ultralytics
+
+    from rocm_yolo import __version__
+    from rocm_yolo.gpu.torch_build import torch_view
+
+    view = torch_view()
+    build = (
+        f"HIP {torch.version.hip}"
+        if torch.version.hip
+        else f"CUDA {torch.version.cuda}"
+        if torch.version.cuda
+        else "CPU"
+    )
+    device = spec.train_args.get("device") or "auto"
+    lines = [
+        f"rocm-yolo {__version__} | profile {spec.profile} | start method {_start_method(env.loader)} "
+        f"| device {device} | attempt {spec.attempt}",
+        f"torch {torch.__version__} ({build} build) | ROCm {view.get('hip') or '-'} | "
+        f"Ultralytics {ultralytics.__version__} | Python {sys.version.split()[0]}",
+        f"loaders: {env.loader.describe()}",
+        f"conv: {env.conv_line}",
+    ]
+    lines += gpu_presets.header_lines(env.arch, env.presets)
+    advice = gpu_presets.override_advice(env.arch, os.environ)
+    if advice:
+        lines.append(advice)
+    return lines
+
+
+def _start_method(loader: LoaderSettings) -> str:
+    if not loader.workers:
+        return "- (no worker process)"
+    return "forkserver (preloaded)" if loader.start_method == "forkserver" else loader.start_method

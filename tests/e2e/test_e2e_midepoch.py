@@ -1,0 +1,261 @@
+"""End to end: mid-epoch checkpoints in real CPU training, real kills and a real hang, resumed inside the epoch.
+
+One uninterrupted reference run (``--profile single``, ``seed=0 deterministic=True``, no mid-epoch checkpoints)
+records the image files of every batch. A run that writes checkpoints every 6 batches, killed with SIGKILL in the
+middle of a checkpoint write in epoch 2 (still in warm-up) and resumed with ``--resume``, must end with the
+reference's weights and losses; a copy of it resumed with another batch starts at the epoch boundary; a worker
+hang under ``fast`` is resumed by the watchdog inside the epoch, on another profile, with the reference's samples
+in the reference's order and at most the interval plus one batch trained again.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from helpers import Cli, events
+from rocm_yolo.launch.demo import write_demo
+from rocm_yolo.run import checkpoints, heartbeat
+from rocm_yolo.run.paths import RunPaths
+
+pytestmark = pytest.mark.e2e
+
+
+EPOCH_BATCHES = 16  # 32 images, batch 2
+
+
+SAME = [
+    "--model",
+    "yolo26n.yaml",
+    "--device",
+    "cpu",
+    "--imgsz",
+    "32",
+    "--batch",
+    "2",
+    "plots=False",
+    "val=False",
+    "seed=0",
+    "deterministic=True",
+]
+
+
+RECORD = "ROCM_YOLO_RECORD_BATCHES"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return write_demo(tmp_path_factory.mktemp("mid-data") / "d", train=2 * EPOCH_BATCHES, val=4, size=64)
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    cli = Cli(tmp_path_factory.mktemp("mid"))
+    yield cli
+    cli.kill_all()
+
+
+def batches(record: Path, attempt: int | None = None) -> dict:
+    """(epoch, batch index) -> image files, as recorded by the training child."""
+    rows = [json.loads(line) for line in record.read_text().splitlines()]
+    return {(r["epoch"], r["batch"]): r["files"] for r in rows if attempt is None or r["attempt"] == attempt}
+
+
+def losses(run: Path) -> list[tuple]:
+    with open(run / "results.csv") as f:
+        return [
+            (
+                row["epoch"].strip(),
+                row["train/box_loss"].strip(),
+                row["train/cls_loss"].strip(),
+                row["train/l1_loss"].strip(),
+            )
+            for row in csv.DictReader(f)
+        ]
+
+
+def weights(path: Path) -> dict:
+    import torch
+
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    return {k: v.float() for k, v in (ckpt.get("ema") or ckpt["model"]).state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def reference(runner, data):
+    """The uninterrupted run, without mid-epoch checkpoints: taking them must not change the training either."""
+    run = runner.cwd / "runs" / "reference"
+    r = runner.run(
+        "train",
+        str(data),
+        *SAME,
+        "--epochs",
+        "3",
+        "--profile",
+        "single",
+        "--checkpoint-every",
+        "0",
+        "--project",
+        str(run.parent),
+        "--name",
+        run.name,
+        env={RECORD: str(runner.cwd / "reference.jsonl")},
+    )
+    assert r.returncode == 0, r.stdout[-3000:]
+    return run, batches(runner.cwd / "reference.jsonl")
+
+
+@pytest.fixture(scope="module")
+def killed(runner, data):
+    """A run SIGKILLed halfway through writing its second mid-epoch checkpoint of epoch 2 (no restarts)."""
+    run = runner.cwd / "runs" / "killed"
+    r = runner.run(
+        "train",
+        str(data),
+        *SAME,
+        "--epochs",
+        "3",
+        "--profile",
+        "single",
+        "--checkpoint-every",
+        "6ba",
+        "--max-restarts",
+        "0",
+        "--project",
+        str(run.parent),
+        "--name",
+        run.name,
+        env={"ROCM_YOLO_FAULT": "save-kill@2:12"},
+    )
+    assert r.returncode == 1 and "exited with code -9" in r.stdout, r.stdout[-3000:]
+    copy = run.with_name("killed-copy")
+    shutil.copytree(run, copy)  # for the resume with another batch
+    return run, copy
+
+
+def test_a_kill_during_the_write_leaves_the_previous_checkpoint_which_loads_in_plain_ultralytics(killed, data):
+    from ultralytics import YOLO
+
+    run, _ = killed
+    paths = RunPaths(run)
+    [(epoch, done, mid)] = paths.mid_checkpoints()
+    assert (epoch, done) == (2, 6) and checkpoints.verify(mid) is None
+    # the killed write, never renamed into place: at batch 12, or later if the write of batch 6 was still running
+    [partial] = (run / "weights").glob(".ep2-ba*.pt.*.tmp")
+    assert int(re.match(r"\.ep2-ba(\d+)\.pt\.", partial.name)[1]) >= 12
+    assert checkpoints.verify(partial) is not None
+    with zipfile.ZipFile(mid) as z:  # unpickling it needs no rocm-yolo class: plain types and tensors only
+        pickled = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    assert b"rocm_yolo." not in pickled and b"rocm_yolo_mid_epoch" in pickled
+    model = YOLO(str(mid))  # as plain Ultralytics loads last.pt
+    image = sorted(data.parent.glob("images/val/*.png"))[0]
+    assert len(model.predict(str(image), imgsz=32, device="cpu", verbose=False)) == 1
+    assert model.ckpt["epoch"] == 0  # the last completed epoch, so Ultralytics' own resume starts epoch 2
+
+
+def test_resumed_inside_the_epoch_it_ends_exactly_as_the_uninterrupted_run(runner, killed, reference):
+    run, _ = killed
+    ref_run, _ = reference
+    r = runner.run("train", "--resume", str(run / "weights" / "last.pt"), "--checkpoint-every", "8ba")
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "resuming from the mid-epoch checkpoint ep2-ba6.pt" in r.stdout
+    assert "resumed at epoch 2/3, batch 6/16 from ep2-ba6.pt; continuing with batch 7" in r.stdout
+    assert losses(run) == losses(ref_run)  # each epoch's row once, with the uninterrupted run's losses
+    mine, theirs = weights(run / "weights" / "last.pt"), weights(ref_run / "weights" / "last.pt")
+    assert mine.keys() == theirs.keys()
+    worst = max((mine[k] - theirs[k]).abs().max().item() for k in mine)
+    assert worst <= 1e-6, f"weights differ by up to {worst}"
+    # housekeeping: the newest good checkpoint is kept, an epoch's go with its last.pt, a finished run keeps none
+    written = [(e["epoch"], e["batch"], e["removed"]) for e in events(run, "mid_checkpoint")]
+    # a checkpoint due while the previous one is still being written goes to the next batch (no stall): 12 or later
+    assert written[1][0] == 1 and written[1][1] >= 12 and written[1][2] == ["ep1-ba6.pt"]
+    assert written[:1] + written[2:] == [
+        (1, 6, []),
+        (2, 6, []),  # then killed writing ep2-ba12 (or later)
+        (2, 14, ["ep2-ba6.pt"]),
+        (3, 8, []),
+    ]  # resumed, every 8 batches now
+    assert not list((run / "weights").glob("ep*")) and not list((run / "weights").glob(".*.tmp"))
+    assert not (run / "weights" / "last_good.pt").exists()
+    assert runner.leftovers() == []
+
+
+def test_another_batch_resumes_at_the_epoch_boundary_and_says_so(runner, killed):
+    _, copy = killed
+    proc = runner.start("train", "--resume", str(copy / "weights" / "last.pt"), "--batch", "4")
+    try:  # once it trains epoch 2 from its first batch, that is all this test needs: stop it (SIGTERM)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            hb = heartbeat.read(RunPaths(copy).heartbeat)
+            if hb is not None and hb.attempt == 2 and hb.phase == "train" and hb.batches_total >= 1:
+                break
+            time.sleep(0.2)
+        # epoch 2 from its first batch, 8 batches of 4 (a fast machine may be in epoch 3 by the time it is read)
+        assert hb.epoch >= 2 and hb.batches == 8 and (hb.epoch - 2) * 8 + hb.batch == hb.batches_total, hb
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    out = runner.read()
+    assert (
+        "batch 2 -> 4: the position in ep2-ba6.pt means nothing with that, so the run resumes from the end of "
+        "its last epoch (last.pt)"
+    ) in out
+    assert f"resuming {copy / 'weights' / 'last.pt'} from epoch 2/3" in out
+    assert runner.leftovers() == []
+
+
+def test_a_worker_hang_resumes_inside_the_epoch_with_the_same_samples(runner, data, reference):
+    _, ref = reference
+    run = runner.cwd / "runs" / "hang"
+    record = runner.cwd / "hang.jsonl"
+    r = runner.run(
+        "train",
+        str(data),
+        *SAME,
+        "--epochs",
+        "2",
+        "--workers",
+        "1",
+        "prefetch_factor=1",
+        "--checkpoint-every",
+        "10ba",
+        "--stall-timeout",
+        "10",
+        "--startup-grace",
+        "90",
+        "--fallback",
+        "fast,single",
+        "--project",
+        str(run.parent),
+        "--name",
+        run.name,
+        env={"ROCM_YOLO_FAULT": "worker-hang@2:13", RECORD: str(record)},
+    )
+    assert r.returncode == 0, r.stdout[-3000:]
+    [restart] = events(run, "restart")
+    assert restart["profile"] == "single" and restart["resume"].endswith("weights/ep2-ba10.pt")
+    [resumed] = events(run, "resumed")
+    assert (resumed["epoch"], resumed["batch"]) == (2, 10)
+    first, second = batches(record, attempt=1), batches(record, attempt=2)
+    reached = max(b for (e, b) in first if e == 2) + 1  # batches of epoch 2 the hung attempt trained
+    assert min(b for (e, b) in second if e == 2) == 10
+    assert reached - 10 <= 11, "work lost: at most the interval plus one batch"
+    assert all(files == ref[key] for key, files in second.items()), "the reference's samples, in its order"
+    assert sorted(second) == [(2, b) for b in range(10, EPOCH_BATCHES)]
+    [record_] = json.loads((run / "rocm_yolo" / "supervisor.json").read_text())["recoveries"]
+    assert record_["resumed_at"] == [2, 10] and record_["cause"] == "hang"
+    assert 0 <= record_["retrained_batches"] <= reached - 10  # as of the last heartbeat (at most a second old)
+    assert "batches trained again" in r.stdout
+    status = subprocess.run([sys.executable, "-m", "rocm_yolo", "status", str(run)], capture_output=True, text=True)
+    assert "resumed at epoch 2, batch 10 from ep2-ba10.pt" in status.stdout
+    assert runner.leftovers() == []

@@ -1,0 +1,130 @@
+"""The command line: fast help, one-line usage errors with exit code 2, an internal error kept apart."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from rocm_yolo import cli as cli_module
+from rocm_yolo import errors
+
+
+def rocm_yolo(*args, cwd=None, timeout=60):
+    return subprocess.run(
+        [sys.executable, "-m", "rocm_yolo", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
+
+
+def test_help_lists_commands_and_exit_codes():
+    r = rocm_yolo("--help")
+    assert r.returncode == 0
+    for word in ("train", "profiles", "status", "doctor", "130"):
+        assert word in r.stdout
+    t = rocm_yolo("train", "--help")
+    assert t.returncode == 0
+    for flag in ("--workers", "--profile", "--resume", "--stall-timeout", "--max-restarts", "--fallback", "KEY=VALUE"):
+        assert flag in t.stdout
+
+
+def test_profiles_command_lists_every_setting():
+    r = rocm_yolo("profiles")
+    assert r.returncode == 0
+    for word in (
+        "fast",
+        "safe",
+        "single",
+        "persistent",
+        "prefetch_factor",
+        "pin_memory",
+        "val workers",
+        "OMP_NUM_THREADS=2",
+        "half the requested",
+        "forkserver (preloaded)",
+    ):
+        assert word in r.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["epocs=3"], "'epocs' is not a valid Ultralytics argument (did you mean 'epochs'?)"),
+        (["imgsz=abc"], "'imgsz=abc' is not an image size"),
+        (["lr0=fast"], "'lr0=fast' is not a number"),
+        (["--workers", "-1"], "workers=-1 must be >= 0"),
+        (["--workers", "1.5"], "is not an integer"),
+        (["--profile", "turbo"], "invalid choice: 'turbo'"),
+        (["--profile", "single", "prefetch_factor=2"], "prefetch_factor needs workers > 0"),
+        (["threads=4"], "threads= sets the loader threads of --profile threads, not of 'fast'"),
+        (["--epochs", "x"], "invalid int value: 'x'"),
+        (["resume=True"], "use --resume"),
+        (["--conv", "magic"], "invalid choice: 'magic'"),
+        (["workers=2", "--workers", "3"], "'workers' is given twice"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(args, message, tiny_data, tmp_path):
+    r = rocm_yolo("train", str(tiny_data), "--project", str(tmp_path / "runs"), *args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_missing_data_and_missing_checkpoint(tmp_path):
+    r = rocm_yolo("train", "nope/data.yaml", cwd=tmp_path)
+    assert r.returncode == 2 and "data file not found: nope/data.yaml" in r.stderr
+    r = rocm_yolo("train", cwd=tmp_path)
+    assert r.returncode == 2 and "DATA is required" in r.stderr
+    r = rocm_yolo("train", "--resume", "runs/detect/x/weights/last.pt", cwd=tmp_path)
+    assert r.returncode == 2 and "checkpoint not found" in r.stderr
+    r = rocm_yolo("train", "--resume", cwd=tmp_path)
+    assert r.returncode == 2 and "no last.pt under" in r.stderr
+
+
+def test_a_data_yaml_without_names_is_a_usage_error(tmp_path):
+    bad = tmp_path / "d.yaml"
+    bad.write_text("train: images/train\nval: images/val\n")
+    r = rocm_yolo("train", str(bad), cwd=tmp_path)
+    assert r.returncode == 2 and "has no 'names' list" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_unreadable_checkpoint_is_a_clear_error(tmp_path):
+    last = tmp_path / "runs" / "detect" / "train" / "weights" / "last.pt"
+    last.parent.mkdir(parents=True)
+    last.write_bytes(b"PK\x03\x04 not really a checkpoint")
+    r = rocm_yolo("train", "--resume", str(last), cwd=tmp_path)
+    assert r.returncode == 2 and "is unusable" in r.stderr and "Traceback" not in r.stderr
+    assert last.read_bytes().startswith(b"PK")  # nothing lost
+
+
+def test_an_internal_error_in_the_cli_is_not_a_usage_error(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("ROCM_YOLO_CACHE_DIR", str(tmp_path))
+
+    def broken(args):
+        return {}["missing"]  # a bug
+
+    monkeypatch.setattr(cli_module, "cmd_profiles", broken)
+    assert cli_module.main(["profiles"]) == errors.INTERNAL
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "internal error (a rocm-yolo bug" in err and "KeyError" in err
+    [saved] = (tmp_path / "errors").glob("internal-*.txt")
+    assert "Traceback" in saved.read_text() and str(saved) in err
+
+
+@pytest.mark.parametrize("value", ["10x", "-1m"])
+def test_cli_rejects_a_bad_interval_in_one_line_with_exit_2(value, tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "rocm_yolo", "train", "demo", "--checkpoint-every", value],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"rocm-yolo: error: --checkpoint-every {value}: write a time (30s, 10m, 1.5h), a number of batches (500ba), "
+        "or 0 to turn mid-epoch checkpoints off"
+    ]
+    assert not (tmp_path / "runs").exists()  # nothing started, nothing claimed

@@ -1,0 +1,124 @@
+"""``rocm-yolo status``: what it reads, and what it makes of a run's state."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from rocm_yolo import status
+from rocm_yolo.run.paths import RunPaths
+from rocm_yolo.run.state import read_state, write_state
+
+
+def test_status_survives_badly_typed_state_files(tmp_path):
+    paths = RunPaths(tmp_path / "run")
+    paths.state.mkdir(parents=True)
+    paths.heartbeat.write_text(json.dumps({"seq": "x", "pid": [], "phase": 3}))
+    paths.supervisor.write_text(json.dumps({"state": 7, "restarts": "two", "hangs": "many"}))
+    for args in ([], ["--json"]):
+        r = subprocess.run(
+            [sys.executable, "-m", "rocm_yolo", "status", str(paths.run_dir), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert read_state(paths.run_dir) is None
+
+
+NOW = 1_700_000_000.0
+
+
+def write_run(tmp_path, *, state="running", supervisor_pid=None, age=5.0, phase="train", step=0.5, watchdog=None):
+    """A run directory as a supervisor and its trainer leave it: supervisor.json and heartbeat.json."""
+    paths = RunPaths(tmp_path / "run")
+    record = {
+        "state": state,
+        "supervisor_pid": supervisor_pid or os.getpid(),
+        "child_pid": None,
+        "attempt": 2,
+        "profile": "safe",
+        "restarts": 1,
+        "max_restarts": 3,
+        "hangs": [{"epoch": 2}],
+        "lost_seconds": 42.4,
+        "recoveries": [
+            {
+                "attempt": 2,
+                "cause": "hang",
+                "lost_at": [2, 14],
+                "resumed_at": [2, 10],
+                "checkpoint": "ep2-ba10.pt",
+                "retrained_batches": 4,
+                "detect_seconds": 30.0,
+                "restart_seconds": 12.0,
+                "retrain_seconds": 0.4,
+            }
+        ],
+        "started": NOW - 600,
+        "updated": NOW - age,
+    }
+    if watchdog is not None:
+        record["watchdog"] = watchdog
+    write_state(paths.run_dir, record)
+    beat = {
+        "seq": 9,
+        "pid": 77,
+        "attempt": 2,
+        "phase": phase,
+        "epoch": 2,
+        "epochs": 3,
+        "batch": 12,
+        "batches": 16,
+        "step_max": step,
+        "step_last": step,
+        "batches_total": 3,
+        "it_s": 2.0,
+        "time": NOW - age,
+        "started": NOW - 60,
+    }
+    paths.heartbeat.write_text(json.dumps(beat))
+    return paths
+
+
+def test_a_running_run_shows_progress_speed_eta_and_its_restarts(tmp_path):
+    paths = write_run(tmp_path)
+    info = status.collect(paths.run_dir, now=NOW)
+    assert info["state"] == "running" and (info["epoch"], info["batch"], info["batches"]) == (2, 12, 16)
+    assert info["eta_seconds"] == (4 + 16) / 2.0 and info["heartbeat_age"] == 5.0
+    text = status.render(info)
+    assert "progress:  epoch 2/3, train batch 12/16" in text and "ETA 0:00:10" in text
+    assert "state:     running (restarted 1 times)" in text and "hangs:     1, 42 s lost" in text
+    assert (
+        "restart:   attempt 2: hang at epoch 2, batch 14, resumed at epoch 2, batch 10 from ep2-ba10.pt, "
+        "4 batches trained again (30 s to detect, 12 s to restart, 0 s retraining)"
+    ) in text
+
+
+def test_a_supervisor_that_is_gone_is_stopped_not_running(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    paths = write_run(tmp_path, supervisor_pid=dead.pid)
+    assert status.collect(paths.run_dir, now=NOW)["state"] == "stopped"
+
+
+def test_stalled_is_what_the_runs_own_watchdog_would_say(tmp_path):
+    """The run's stall timeout (as its supervisor recorded it), grown by slow steps, not a second guess."""
+    watchdog = {"stall_timeout": 30.0, "step_multiplier": 10.0, "startup_grace": 900.0}
+    assert status.collect(write_run(tmp_path, age=29, watchdog=watchdog).run_dir, now=NOW)["state"] == "running"
+    assert status.collect(write_run(tmp_path, age=31, watchdog=watchdog).run_dir, now=NOW)["state"] == "stalled?"
+    slow = write_run(tmp_path, age=31, step=20.0, watchdog=watchdog)  # steps of 20 s: 200 s before it is a hang
+    assert status.collect(slow.run_dir, now=NOW)["state"] == "running"
+    default = write_run(tmp_path, age=170)  # no record of the settings: the defaults (180 s)
+    assert status.collect(default.run_dir, now=NOW)["state"] == "running"
+    done = write_run(tmp_path, age=10_000, phase="done", watchdog=watchdog)
+    assert status.collect(done.run_dir, now=NOW)["state"] == "running"  # the trainer said it is done
+
+
+def test_status_of_a_folder_that_is_no_run_is_a_usage_error(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "rocm_yolo", "status", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2 and "is not a rocm-yolo run directory" in r.stderr and "Traceback" not in r.stderr

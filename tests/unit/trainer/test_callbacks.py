@@ -1,0 +1,69 @@
+"""The registry of rocm-yolo's Ultralytics callbacks: every owner's methods are events Ultralytics fires."""
+
+from __future__ import annotations
+
+import inspect
+
+from rocm_yolo.testing.faults import Injector
+from rocm_yolo.testing.recorder import BatchRecorder
+from rocm_yolo.trainer.callbacks import CALLBACK_EVENTS, callbacks_of, register
+from rocm_yolo.trainer.checkpoint_resume import MidEpochResume
+from rocm_yolo.trainer.checkpoint_save import MidEpochSave
+from rocm_yolo.trainer.heartbeat import HeartbeatWriter
+from rocm_yolo.trainer.run_hooks import RunHooks
+
+OWNERS = (RunHooks, HeartbeatWriter, MidEpochSave, MidEpochResume, Injector, BatchRecorder)
+
+
+def test_every_callback_method_is_an_event_ultralytics_fires():
+    from ultralytics.utils.callbacks.base import default_callbacks
+
+    assert set(CALLBACK_EVENTS) <= set(default_callbacks)
+    for owner in OWNERS:
+        methods = {name for name, _ in inspect.getmembers(owner, inspect.isfunction) if name.startswith("on_")}
+        assert methods and methods <= set(CALLBACK_EVENTS), (owner.__name__, methods - set(CALLBACK_EVENTS))
+
+
+def test_callbacks_of_takes_the_events_an_owner_defines_and_nothing_else():
+    class Owner:
+        def on_train_start(self, trainer):
+            return "start"
+
+        def on_model_save(self, trainer):
+            return "save"
+
+        def on_somthing_else(self, trainer):  # not an event: never registered
+            return "never"
+
+        def helper(self):
+            return "never"
+
+    found = callbacks_of(Owner())
+    assert list(found) == ["on_train_start", "on_model_save"] and found["on_model_save"](None) == "save"
+
+
+def test_register_adds_each_owners_callbacks_in_order():
+    added = []
+
+    class Model:
+        def add_callback(self, event, fn):
+            added.append((event, fn.__self__.name))
+
+    class First:
+        name = "first"
+
+        def on_train_epoch_start(self, trainer):
+            pass
+
+        def on_train_batch_end(self, trainer):
+            pass
+
+    class Second:
+        name = "second"
+
+        def on_train_epoch_start(self, trainer):
+            pass
+
+    register(Model(), [First(), Second()])
+    starts = [who for event, who in added if event == "on_train_epoch_start"]
+    assert starts == ["first", "second"] and ("on_train_batch_end", "first") in added
