@@ -7,6 +7,7 @@ training child is started fresh rather than forked from a process holding GPU st
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -156,10 +157,6 @@ def _request(args) -> tuple[str | None, str | bool | None, dict]:
 def _watchdog(args):
     from rocm_yolo.supervisor.config import WatchdogConfig
 
-    if args.max_restarts < 0:
-        raise UsageError("--max-restarts must be >= 0")
-    if args.stall_timeout <= 0 or args.startup_grace <= 0:
-        raise UsageError("--stall-timeout and --startup-grace must be > 0 seconds")
     return WatchdogConfig(
         enabled=not args.no_watchdog,
         stall_timeout=args.stall_timeout,
@@ -246,6 +243,14 @@ def _join_option_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush does not fail on the closed pipe again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = _join_option_values(sys.argv[1:] if argv is None else list(argv))
@@ -277,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         return errors.SETUP
     except KeyboardInterrupt:
         return errors.INTERRUPTED
+    except BrokenPipeError:  # the reader of our output went away (rocm-yolo profiles | head -1): stop quietly
+        _quiet_stdout()
+        return errors.PIPE_CLOSED
     except Exception as e:  # a rocm-yolo bug: one line here, the traceback in a file
         found = errors.classify(e)
         if found.kind == errors.ENVIRONMENT:

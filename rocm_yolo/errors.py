@@ -40,6 +40,7 @@ USAGE = 2  # bad arguments, data or checkpoint: nothing was started or changed
 SETUP = 4  # the environment is broken (torch, GPU runtime, disk full or read-only, offline): not retried
 INTERNAL = 123  # a rocm-yolo bug: the traceback is kept and the line says where
 HANGUP = 129  # SIGHUP: the terminal went away
+PIPE_CLOSED = 141  # the reader of the output went away (as a command killed by SIGPIPE exits)
 INTERRUPTED = 130  # Ctrl-C (SIGINT)
 TERMINATED = 143  # SIGTERM
 
@@ -96,6 +97,8 @@ ULTRALYTICS_USER_CHECKS = {
     "ultralytics.nn.tasks": ("yaml_model_load", "guess_model_scale", "load_checkpoint", "torch_safe_load"),
     # YOLODataset: no labels, no valid images, boxes for a segment task
     "ultralytics.data.dataset": ("cache_labels", "get_labels", "verify_labels"),
+    # BaseDataset: a split's folder or list that exists but names no image ("Error loading data from ...")
+    "ultralytics.data.base": ("get_img_files",),
 }
 _USER_CHECK_NAMES = frozenset(name for names in ULTRALYTICS_USER_CHECKS.values() for name in names)
 
@@ -166,6 +169,18 @@ def _from_ultralytics_check(error: BaseException) -> bool:
     return False
 
 
+# Code that talks to the network: a connection error raised there is a download that failed. (A
+# ConnectionError elsewhere, e.g. a BrokenPipeError when the reader of our output went away, is not.)
+_NETWORK_CODE = re.compile(
+    r"[/\\](urllib3?|http|requests|httpx|hub)[/\\]|[/\\]socket\.py$|[/\\]ssl\.py$|"
+    r"ultralytics[/\\]utils[/\\]downloads\.py$"
+)
+
+
+def _from_network(error: BaseException) -> bool:
+    return any(_NETWORK_CODE.search(filename) for filename, _ in _raised_in(error))
+
+
 def _environment_reason(error: BaseException) -> str | None:
     if isinstance(error, SetupError):
         return str(error)
@@ -183,7 +198,7 @@ def _environment_reason(error: BaseException) -> str | None:
         return f"{os.strerror(error.errno).lower()}{where}: {advice}"
     if isinstance(error, MemoryError):
         return "out of host memory: use a smaller --batch or fewer --workers"
-    if isinstance(error, (ConnectionError, TimeoutError)) or _OFFLINE.search(str(error)):
+    if (isinstance(error, (ConnectionError, TimeoutError)) and _from_network(error)) or _OFFLINE.search(str(error)):
         return f"a download failed ({one_line(error)}): rocm-yolo runs offline only with local weights and data"
     if _GPU_RUNTIME.search(str(error)):
         return f"the GPU runtime failed ({one_line(error)}): run 'rocm-yolo doctor'"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import pickle
 import re
 import signal
 import subprocess
@@ -115,9 +116,12 @@ def epochs_in(run: Path) -> list[int]:
         return [int(float(row["epoch"])) for row in csv.DictReader(f)]
 
 
-def fake_checkpoint(path: Path, payload: bytes = b"x" * 1000, age: float = 0.0) -> Path:
-    """A complete zip with a ``data.pkl`` (what verification looks for), ``age`` seconds old."""
+def fake_checkpoint(path: Path, payload: bytes | None = None, age: float = 0.0) -> Path:
+    """A complete zip with a ``data.pkl`` that pickles a checkpoint dict without tensors, ``age`` seconds old."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    payload = (
+        pickle.dumps({"epoch": 0, "train_args": {"epochs": 3}, "pad": b"x" * 1000}) if payload is None else payload
+    )
     with zipfile.ZipFile(path, "w") as z:
         z.writestr("ckpt/data.pkl", payload)
     stamp = time.time() - age

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import signal
 import threading
-from pathlib import Path
 from typing import Any
 
 from rocm_yolo.launch.claim import claim, remove_fresh_run
@@ -50,6 +49,6 @@ def run(spec: RunSpec, config: WatchdogConfig, *, user_resume: bool = False) -> 
                 signal.signal(sig, handler)
     finally:
         ownership.release(spec.run_dir)
-    if result.state == State.USAGE_ERROR and spec.attempt == 1 and spec.resume is None:
-        remove_fresh_run(Path(spec.run_dir))
+    if result.state == State.USAGE_ERROR and spec.resume is None:
+        remove_fresh_run(spec)
     return result

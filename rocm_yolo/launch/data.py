@@ -44,7 +44,7 @@ def resolve_data(data: str, task: str) -> tuple[str, list[str]]:
         path = datasets_dir() / data  # check_cls_dataset looks in its datasets_dir
     if task == CLASSIFY and path.is_file():
         if path.suffix.lower() in ARCHIVES:
-            return str(path.resolve()), []  # Ultralytics unpacks it into its datasets_dir
+            return str(path.absolute()), []  # Ultralytics unpacks it into its datasets_dir
         raise UsageError(
             f"data {data} is a file, but a classification model trains on a directory of class folders "
             "(DIR/train/<class>/*.jpg and DIR/val/<class>/*.jpg): pass that directory"
@@ -61,7 +61,8 @@ def resolve_data(data: str, task: str) -> tuple[str, list[str]]:
             notes = check_for_training(path, task)
         except DataError as e:
             raise UsageError(f"data {data}: {e}") from None
-        return str(path.resolve()), notes
+        # as named, not resolved: a symlinked YAML's root is beside the link, where Ultralytics looks
+        return str(path.absolute()), notes
     if (task == CLASSIFY and bare) or (task != CLASSIFY and path.suffix in {".yaml", ".yml"} and not path.parent.parts):
         return data, []  # a name Ultralytics knows (e.g. coco8.yaml, imagenet10); it downloads it
     if task == CLASSIFY:

@@ -18,7 +18,7 @@ from rocm_yolo.launch import resume as resumes
 from rocm_yolo.launch.data import default_model, resolve_data
 from rocm_yolo.run.interval import DEFAULT_CHECKPOINT_INTERVAL, CheckpointInterval, parse_interval
 from rocm_yolo.run.profiles import DEFAULT_PROFILE, LOADER_KEYS, resolve
-from rocm_yolo.run.spec import RunSpec
+from rocm_yolo.run.spec import RunSpec, next_attempt
 from rocm_yolo.ultralytics_rules import config as ucfg
 from rocm_yolo.ultralytics_rules.tasks import task_for_model
 
@@ -65,6 +65,36 @@ def check_device(device: object) -> None:
         )
 
 
+def _with_cfg_file(extra: dict, flags: dict, data: str | None) -> dict:
+    """``cfg=FILE`` read here, its keys checked as KEY=VALUE ones are (what is given explicitly wins, as in
+    Ultralytics): a resume or a run directory named in it goes through the same checks and claim as one
+    given on the command line. Keys at Ultralytics' defaults change nothing and are left out."""
+    import yaml
+
+    from rocm_yolo.ultralytics_rules.datasets import DataError, read_text
+
+    extra = dict(extra)
+    given = extra.pop("cfg")
+    if given is None:
+        return extra
+    try:
+        loaded = yaml.safe_load(read_text(Path(str(given)).expanduser()))
+    except (OSError, DataError, yaml.YAMLError) as e:
+        raise UsageError(f"cfg={given}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    if not isinstance(loaded, dict):
+        raise UsageError(f"cfg={given}: not a mapping of Ultralytics arguments (key: value lines)")
+    defaults = ucfg.load().defaults
+    for key, value in loaded.items():
+        if key == "cfg" or (key in defaults and defaults[key] == value):
+            continue
+        if key in NOT_KEYS:
+            raise UsageError(f"cfg={given}: '{key}: {value}' is not accepted here: {NOT_KEYS[key]}")
+        if (key in flags and flags[key] is not None) or (key == "data" and data is not None):
+            continue
+        extra.setdefault(key, value)
+    return extra
+
+
 @dataclass
 class Request:
     """The user's input sorted out: flags, Ultralytics arguments, loader settings, and which keys the user set."""
@@ -92,6 +122,8 @@ class Request:
         checkpoint_every: object | None,
     ) -> "Request":
         extra = dict(extra or {})
+        if "cfg" in extra:
+            extra = _with_cfg_file(extra, flags, data)
         interval = parse_interval(checkpoint_every) if checkpoint_every is not None else None
         for key, why in NOT_KEYS.items():
             if key in extra:
@@ -243,5 +275,5 @@ def _resumed_run(req: Request, resume: str | bool, project_dir: Path) -> RunSpec
         run_dir=run_dir,
         train_args=train_args,
         resume=str(last),
-        attempt=(previous.attempt + 1) if previous else 1,
+        attempt=next_attempt(run_dir),
     )

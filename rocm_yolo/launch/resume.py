@@ -18,6 +18,7 @@ from rocm_yolo.run.interval import parse_interval
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.profiles import LOADER_KEYS
 from rocm_yolo.run.spec import RunSpec, latest_spec
+from rocm_yolo.ultralytics_rules.checkpoint import summary
 
 if TYPE_CHECKING:
     from rocm_yolo.launch.request import Request
@@ -48,6 +49,12 @@ def carry_over(req: "Request", run_dir: Path) -> RunSpec | None:
     """Fill ``req`` with the settings of ``run_dir``'s newest attempt the user did not give again; that spec."""
     previous = latest_spec(run_dir)
     if previous is None:
+        written = RunPaths(run_dir).specs()
+        if written:  # e.g. by another rocm-yolo version: say so rather than drop the run's settings silently
+            req.notes.append(
+                f"the run's settings in {written[-1].name} cannot be read (written by another rocm-yolo "
+                "version?): the resume takes the defaults and what you give now"
+            )
         return None
     if req.profile is None:
         req.profile = previous.profile
@@ -72,16 +79,21 @@ def carry_over(req: "Request", run_dir: Path) -> RunSpec | None:
     return previous
 
 
-def resume_point(named: Path) -> tuple[Path, str | None]:
-    """The checkpoint a resume starts from: a mid-epoch checkpoint named by the user, else the run's newest valid one.
-
-    May move a damaged ``last.pt`` aside (never deletes it): call it once the run is held.
-    """
+def resume_point(named: Path) -> checkpoints.ResumePoint:
+    """Where a resume starts, changing nothing: a mid-epoch checkpoint named by the user, else the run's
+    newest valid one. Raises :class:`UsageError` when it has none, or when its run has finished."""
     if checkpoints.is_mid_checkpoint(named):
         reason = checkpoints.verify(named)
         if reason is not None:
             raise UsageError(
                 f"checkpoint {named} is unusable ({reason}): resume with --resume {named.with_name('last.pt')}"
             )
-        return named, None
-    return checkpoints.choose_resume_point(named.with_name("last.pt"))
+        return checkpoints.ResumePoint(named)
+    point = checkpoints.plan_resume_point(named.with_name("last.pt"))
+    found = summary(point.path)
+    if found is not None and found.finished:
+        raise UsageError(
+            f"the run in {named.parent.parent} has already finished all {found.epochs} epochs: nothing to "
+            "resume (start a new run without --resume to train again)"
+        )
+    return point

@@ -76,6 +76,17 @@ def copy_atomic(src: str | os.PathLike, dst: str | os.PathLike, *, durable: bool
     _replace(temporary(dst), dst, copy, durable)
 
 
+def replace_durably(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Make the finished temporary file ``tmp`` the file ``path``: fsynced, renamed over it, the directory fsynced."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    _sync_dir(Path(path).parent)
+
+
 def remove_temporaries(directory: str | os.PathLike) -> list[Path]:
     """Remove the temporary files a killed writer left in ``directory``; the ones removed."""
     removed = []

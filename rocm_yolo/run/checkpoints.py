@@ -17,33 +17,43 @@ from __future__ import annotations
 
 import os
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run.atomic import copy_atomic
 from rocm_yolo.run.paths import GOOD_NAME, RunPaths
-
-MID_EPOCH_KEY = "rocm_yolo_mid_epoch"  # the checkpoint key that holds the position inside the epoch
+from rocm_yolo.ultralytics_rules import checkpoint as inert
+from rocm_yolo.ultralytics_rules.checkpoint import MID_EPOCH_KEY  # noqa: F401 - the key's home is there
 
 
 def verify(path: str | os.PathLike) -> str | None:
-    """``None`` when ``path`` is a complete torch checkpoint, else the reason it is not."""
+    """``None`` when ``path`` is a checkpoint ``torch.load`` will read, else the reason it is not.
+
+    Checked as torch reads it: a zip archive whose members are whole (CRCs), with a ``data.pkl``
+    whose every storage record is present (a stop inside ``torch.save`` can leave a well-formed
+    archive that lacks some). The pickle is read inertly (:mod:`rocm_yolo.ultralytics_rules.checkpoint`):
+    nothing it names is imported or run. Never raises: any failure is a reason to fall back.
+    """
     p = Path(path)
-    if not p.is_file():
-        return "no such file"
-    if p.stat().st_size == 0:
-        return "empty file"
     try:
+        if not p.is_file():
+            return "no such file"
+        if p.stat().st_size == 0:
+            return "empty file"
         with zipfile.ZipFile(p) as z:
-            names = z.namelist()
-            if not any(n.endswith("/data.pkl") or n == "data.pkl" for n in names):
+            try:
+                missing, named = inert.missing_records(z)
+            except KeyError:
                 return "not a torch checkpoint (no data.pkl)"
+            if missing:
+                return f"incomplete: {len(missing)} of its {named} tensor records are missing (e.g. data/{missing[0]})"
             bad = z.testzip()
             if bad is not None:
                 return f"damaged member {bad}"
     except zipfile.BadZipFile:
         return "truncated or not a torch checkpoint"
-    except (OSError, EOFError) as e:
+    except Exception as e:  # noqa: BLE001 - an unknown compression method, a broken pickle, an I/O error
         return f"unreadable ({e.__class__.__name__}: {e})"
     return None
 
@@ -79,27 +89,45 @@ def find_latest(project: str | os.PathLike) -> Path | None:
     return max(newest, key=newest.get, default=None)
 
 
-def choose_resume(last: str | os.PathLike) -> tuple[Path, str | None]:
-    """The checkpoint to resume from for ``last`` and a note when it is not ``last`` itself.
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a resume starts: the checkpoint, a note when it is not ``last.pt``, and a damaged ``last.pt``
+    to move aside (never delete) before the run goes on."""
 
-    A truncated ``last.pt`` is moved aside (never deleted) and the verified copy is used.
+    path: Path
+    note: str | None = None
+    aside: Path | None = None
+
+    def take(self) -> tuple[Path, str | None]:
+        """Move the damaged file aside (the run is held by now); the checkpoint and the note."""
+        if self.aside is not None and self.aside.exists():
+            kept = self.aside.with_name(self.aside.stem + ".truncated.pt")
+            os.replace(self.aside, kept)
+            return self.path, f"{self.note} (the damaged file was kept as {kept.name})"
+        return self.path, self.note
+
+
+def plan_resume(last: str | os.PathLike) -> ResumePoint:
+    """The end-of-epoch checkpoint to resume from for ``last``: itself, or its verified copy. Changes nothing.
+
     Raises :class:`UsageError` when neither is usable.
     """
     last = Path(last)
     reason = verify(last)
     if reason is None:
-        return last, None
+        return ResumePoint(last)
     good = last.with_name(GOOD_NAME)
     if verify(good) is None:
         note = f"{last} is unusable ({reason}); resuming from the verified copy {good}"
-        if last.exists():
-            aside = last.with_name(last.stem + ".truncated.pt")
-            os.replace(last, aside)
-            note += f" (the damaged file was kept as {aside.name})"
-        return good, note
+        return ResumePoint(good, note, last if last.exists() else None)
     if reason == "no such file":
         raise UsageError(f"checkpoint not found: {last}")
     raise UsageError(f"checkpoint {last} is unusable ({reason}) and no verified copy exists: start a new run")
+
+
+def choose_resume(last: str | os.PathLike) -> tuple[Path, str | None]:
+    """:func:`plan_resume`, taken: a truncated ``last.pt`` is moved aside and the verified copy is used."""
+    return plan_resume(last).take()
 
 
 def newest_mid_checkpoint(paths: RunPaths) -> tuple[Path | None, list[str]]:
@@ -113,9 +141,8 @@ def newest_mid_checkpoint(paths: RunPaths) -> tuple[Path | None, list[str]]:
     return None, notes
 
 
-def choose_resume_point(last: str | os.PathLike) -> tuple[Path, str | None]:
-    """The newest valid checkpoint of ``last``'s run, mid-epoch or end of epoch, and a note when it is
-    not ``last`` itself.
+def plan_resume_point(last: str | os.PathLike) -> ResumePoint:
+    """The newest valid checkpoint of ``last``'s run, mid-epoch or end of epoch. Changes nothing.
 
     A valid mid-epoch checkpoint is newer than ``last.pt`` (the child deletes them once an epoch's
     ``last.pt`` is verified), unless a kill interrupted that clean-up: then ``last.pt`` is the
@@ -127,10 +154,15 @@ def choose_resume_point(last: str | os.PathLike) -> tuple[Path, str | None]:
         end_is_newer = verify(last) is None and last.stat().st_mtime > mid.stat().st_mtime
         if not end_is_newer:
             notes.append(f"resuming from the mid-epoch checkpoint {mid.name}, the newest valid checkpoint of the run")
-            return mid, "; ".join(notes)
-    path, note = choose_resume(last)
-    notes += [note] if note else []
-    return path, "; ".join(notes) or None
+            return ResumePoint(mid, "; ".join(notes))
+    point = plan_resume(last)
+    notes += [point.note] if point.note else []
+    return ResumePoint(point.path, "; ".join(notes) or None, point.aside)
+
+
+def choose_resume_point(last: str | os.PathLike) -> tuple[Path, str | None]:
+    """:func:`plan_resume_point`, taken: the checkpoint and a note when it is not ``last`` itself."""
+    return plan_resume_point(last).take()
 
 
 def is_mid_checkpoint(path: str | os.PathLike) -> bool:

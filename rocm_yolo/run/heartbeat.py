@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 FD_ENV = "ROCM_YOLO_HEARTBEAT_FD"  # the write end of the supervisor's pipe, in the child
@@ -57,6 +57,23 @@ def parse(text: str | bytes) -> Heartbeat | None:
         if not ok or (kind is int and float(value) != int(value)):
             return None
     return Heartbeat(**data)
+
+
+def position_line(seq: int, epoch: int, batch: int, batches_total: int, wall: float) -> str:
+    """A training batch finished between two heartbeat records: ``P seq epoch batch batches_total time``."""
+    return f"P {seq} {epoch} {batch} {batches_total} {wall:.3f}"
+
+
+def apply_position(last: Heartbeat, text: str) -> Heartbeat | None:
+    """``last`` moved on to the batch a position line reports (a new event: a new sequence number), or None."""
+    parts = text.split()
+    try:
+        seq, epoch, batch, total, wall = int(parts[1]), int(parts[2]), int(parts[3]), int(parts[4]), float(parts[5])
+    except (IndexError, ValueError):
+        return None
+    if len(parts) != 6 or parts[0] != "P":
+        return None
+    return replace(last, seq=seq, phase="train", epoch=epoch, batch=batch, batches_total=total, time=wall, step_max=0.0)
 
 
 def read(path: str | os.PathLike) -> Heartbeat | None:

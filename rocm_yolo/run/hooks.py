@@ -9,6 +9,7 @@ CONTRIBUTING.md and :mod:`rocm_yolo.testing.faults`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Callable
 
@@ -41,6 +42,12 @@ def checkpoint_writer(paths, where: tuple[int, int]) -> Callable | None:
     """``save-kill``: a writer that kills the trainer halfway through this mid-epoch checkpoint, or None."""
     faults = _faults()
     return None if faults is None else faults.save_kill_writer(paths, where)
+
+
+def final_save(name: str, paths):
+    """Around the end of training's rewrite of ``name``: tests stop the run halfway through it; else nothing."""
+    faults = _faults()
+    return contextlib.nullcontext() if faults is None else faults.final_save(name, paths)
 
 
 def arm_worker(dataset, run_dir) -> None:

@@ -93,6 +93,10 @@ class RunPaths:
                 found.append((int(m[1]), int(m[2]), p))
         return sorted(found)
 
+    def checkpoints(self) -> list[Path]:
+        """Every checkpoint a resume could continue from that is present: last.pt, its verified copy, mid-epoch ones."""
+        return [p for p in (self.last, self.last_good) if p.exists()] + [p for _, _, p in self.mid_checkpoints()]
+
     # rocm-yolo's machinery -------------------------------------------------------------
     @property
     def state(self) -> Path:

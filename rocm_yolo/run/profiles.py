@@ -13,6 +13,7 @@ This module is imported by the CLI: it must not import torch or ultralytics.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Mapping
@@ -220,6 +221,8 @@ def parse_seconds(key: str, value: object) -> float:
         seconds = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         raise UsageError(f"{key}={value!r} is not a number of seconds") from None
+    if not math.isfinite(seconds):
+        raise UsageError(f"{key}={value!r} is not a finite number of seconds (0 waits forever)")
     if seconds < 0:
         raise UsageError(f"{key}={seconds:g} must be >= 0 (0 waits forever)")
     return seconds

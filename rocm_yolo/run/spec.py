@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from rocm_yolo.run.atomic import write_atomic
@@ -35,6 +35,7 @@ class RunSpec:
     attempt: int = 1
     workers_requested: int | None = None  # what the user asked for, before a profile's cap or divisor
     notes: tuple[str, ...] = ()  # lines for the header (e.g. warnings from resolving the profile)
+    created: bool = False  # this run created its directory (clean-up after a usage error touches only such a one)
 
     @property
     def paths(self) -> RunPaths:
@@ -49,8 +50,12 @@ class RunSpec:
 
     @classmethod
     def from_json(cls, text: str) -> "RunSpec":
+        """A spec from its JSON; fields another rocm-yolo version added are ignored, missing ones take defaults."""
         d = json.loads(text)
-        d["loader"] = LoaderSettings.from_dict(d["loader"])
+        names = {f.name for f in fields(cls)}
+        d = {k: v for k, v in d.items() if k in names}
+        loader_names = {f.name for f in fields(LoaderSettings)}
+        d["loader"] = LoaderSettings.from_dict({k: v for k, v in d["loader"].items() if k in loader_names})
         d["user_keys"] = tuple(d.get("user_keys", ()))
         d["notes"] = tuple(d.get("notes", ()))
         return cls(**d)
@@ -68,10 +73,17 @@ class RunSpec:
 
 
 def latest_spec(run_dir: str | os.PathLike) -> RunSpec | None:
-    """The spec of the newest attempt recorded in ``run_dir``, if rocm-yolo made that run."""
+    """The spec of the newest attempt recorded in ``run_dir``, if rocm-yolo made that run and it can be read."""
     for path in reversed(RunPaths(run_dir).specs()):
         try:
             return RunSpec.load(path)
-        except (OSError, ValueError, TypeError, KeyError):
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
             continue
     return None
+
+
+def next_attempt(run_dir: str | os.PathLike) -> int:
+    """The number of the next attempt in ``run_dir``: after every spec file there, readable or not
+    (a new attempt never overwrites another's spec, crash or stack files)."""
+    specs = RunPaths(run_dir).specs()
+    return int(specs[-1].stem[len("spec-") :]) + 1 if specs else 1

@@ -31,6 +31,7 @@ class PipeReader:
         self.fd = fd
         os.set_blocking(fd, False)
         self.pending = b""
+        self.last: Heartbeat | None = None  # the newest record: what a position line moves on
 
     def read(self) -> list[Heartbeat]:
         while self.fd >= 0:
@@ -45,8 +46,17 @@ class PipeReader:
                 break
             self.pending += chunk
         *lines, self.pending = self.pending.split(b"\n")
-        beats = (heartbeat.parse(line.decode("utf-8", "replace")) for line in lines)
-        return [hb for hb in beats if hb is not None]
+        beats = []
+        for line in lines:
+            text = line.decode("utf-8", "replace")
+            if text.startswith("P "):  # a batch finished between two records: the last record, moved on
+                hb = heartbeat.apply_position(self.last, text) if self.last is not None else None
+            else:
+                hb = heartbeat.parse(text)
+            if hb is not None:
+                beats.append(hb)
+                self.last = hb
+        return beats
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -1,12 +1,16 @@
 """``WatchdogConfig``: every watchdog setting and its default, defined once.
 
-The CLI's flags, the Python API's arguments and the supervisor all read their defaults here.
+The CLI's flags, the Python API's arguments and the supervisor all read their defaults here,
+and the values they give are checked here: a stall timeout of ``nan`` would switch the
+watchdog off without a word (every comparison with it is false).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from rocm_yolo.errors import UsageError
 from rocm_yolo.run.profiles import DEFAULT_LADDER
 
 
@@ -21,6 +25,13 @@ class WatchdogConfig:
     poll_interval: float = 0.5
     term_timeout: float = 8.0
     kill_timeout: float = 4.0
+
+    def __post_init__(self):
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise UsageError("--max-restarts must be >= 0")
+        for value in (self.stall_timeout, self.startup_grace):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise UsageError("--stall-timeout and --startup-grace must be > 0 seconds (a finite number)")
 
 
 DEFAULTS = WatchdogConfig()

@@ -29,6 +29,13 @@ from rocm_yolo.supervisor.restart import last_loadable, next_spec, tidy_finished
 from rocm_yolo.supervisor.stall import StallDetector
 from rocm_yolo.supervisor.states import EXIT_STATES, RUN_EXIT, RunResult, State
 from rocm_yolo.supervisor.worklost import WorkLost
+from rocm_yolo.ultralytics_rules.checkpoint import summary
+
+
+def _finished(checkpoint: str) -> bool:
+    """Whether ``checkpoint`` belongs to a run that trained all its epochs (read without torch)."""
+    found = summary(checkpoint)
+    return found is not None and found.finished
 
 
 class Supervisor:
@@ -90,6 +97,10 @@ class Supervisor:
                 return self._finish(State.FAILED, spec)
             restarts_left -= 1
             spec = self._restart(spec, restarts_left)
+            if spec.resume and _finished(spec.resume):  # e.g. a crash in the end of training's rewrite
+                self.log.info("the checkpoint shows the run finished all its epochs")
+                tidy_finished(spec, self.log)
+                return self._finish(State.FINISHED, spec)
 
     def _attempt(self, spec: RunSpec) -> tuple[State, str]:
         """Start one child and watch it to its end: (how the attempt ended, what to say if it failed)."""

@@ -49,21 +49,25 @@ def next_spec(spec: RunSpec, ladder: tuple[str, ...], log: RunLog | None = None)
 def tidy_finished(spec: RunSpec, log: RunLog) -> None:
     """A finished run cannot be resumed: its verified resume copy and mid-epoch files only take disk space.
 
-    If ``last.pt`` was moved aside as damaged, the verified copy becomes ``last.pt`` again.
+    The copy goes only once both ``last.pt`` and ``best.pt`` load; if ``last.pt`` was moved aside
+    as damaged, the verified copy becomes ``last.pt`` again.
     """
-    last, good = spec.paths.last, spec.paths.last_good
+    paths = spec.paths
+    last, good = paths.last, paths.last_good
     try:
         if not last.exists() and checkpoints.verify(good) is None:
             os.replace(good, last)
-        elif checkpoints.verify(last) is None:
+        elif checkpoints.verify(last) is None and (not paths.best.exists() or checkpoints.verify(paths.best) is None):
             good.unlink(missing_ok=True)
         if checkpoints.verify(last) is None:  # mid-epoch checkpoints of a finished run: nothing to continue
-            checkpoints.remove_mid_checkpoints(spec.paths)
+            checkpoints.remove_mid_checkpoints(paths)
     except OSError as e:  # housekeeping only: the weights are there either way
         log.info(f"could not tidy {good}: {e.strerror or e}")
 
 
 def last_loadable(spec: RunSpec):
-    """The checkpoint a later resume will start from (``last.pt`` or its verified copy), or None."""
-    paths = spec.paths
-    return next((p for p in (paths.last, paths.last_good) if checkpoints.verify(p) is None), None)
+    """The checkpoint a later resume will start from (the newest valid one, mid-epoch or not), or None."""
+    try:
+        return checkpoints.plan_resume_point(spec.paths.last).path
+    except UsageError:
+        return None

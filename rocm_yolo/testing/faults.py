@@ -29,7 +29,9 @@ the watchdog restarts is healthy. Production code reaches this module only throu
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -43,7 +45,8 @@ TRAINING = ("worker-hang", "main-hang", "crash", "bug", "save-kill")
 CONV_AT_START = ("conv-raise", "conv-abort", "conv-hang")
 CONV = CONV_AT_START + ("conv-slow", "conv-half-inference")
 SLOW_CONV_SECONDS = 0.02  # what conv-slow adds to every convolution
-KINDS = TRAINING + CONV
+FINAL_SAVE = ("final-save-stop", "final-save-kill")  # @last or @best: the end of training's rewrite of that file
+KINDS = TRAINING + CONV + FINAL_SAVE
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,10 @@ def parse(text: str | None) -> list[Fault]:
         if kind in CONV:
             if not where:
                 raise ValueError(f"{ENV}: {kind} needs a strategy, e.g. {kind}@native")
+            out.append(Fault(kind, where=where))
+        elif kind in FINAL_SAVE:
+            if where not in ("last", "best"):
+                raise ValueError(f"{ENV}: {kind} needs the file it stops the rewrite of: {kind}@last or {kind}@best")
             out.append(Fault(kind, where=where))
         elif where == "setup" and kind == "bug":
             out.append(Fault(kind, where="setup"))
@@ -271,3 +278,43 @@ class Injector:
                 raise RuntimeError(f"injected crash ({ENV}) at epoch {f.epoch} batch {f.batch}")
             elif f.kind == "bug":
                 raise_bug(f"at epoch {f.epoch} batch {f.batch}")
+
+
+# --------------------------------------------------------------------------- the end of training
+
+
+@contextlib.contextmanager
+def final_save(name: str, paths: RunPaths):
+    """``final-save-stop@last|best`` and ``final-save-kill@last|best``, around the end of training's rewrite of
+    ``name`` (``last.pt`` or ``best.pt``): ``torch.save`` writes half the file, then either asks the supervisor
+    to stop the run (SIGTERM to the trainer's parent, as Ctrl-C would) and waits for the stop to arrive, or
+    SIGKILLs the trainer. Deterministic: the stop always lands in the middle of that write."""
+    fault = next((f for f in active() if f.kind in FINAL_SAVE and f"{f.where}.pt" == name), None)
+    if fault is None or not claim(fault, paths):
+        yield
+        return
+    import torch
+
+    original = torch.save
+
+    def save_half_then_stop(obj, f, *args, **kwargs):
+        import io
+
+        buffer = io.BytesIO()
+        original(obj, buffer, *args, **kwargs)
+        data = buffer.getvalue()
+        with open(f, "wb") as out:
+            out.write(data[: len(data) // 2])
+            out.flush()
+            os.fsync(out.fileno())
+            if fault.kind == "final-save-kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getppid(), signal.SIGTERM)  # the supervisor stops the tree: SIGTERM reaches us here
+            while True:
+                time.sleep(0.05)
+
+    torch.save = save_half_then_stop
+    try:
+        yield
+    finally:
+        torch.save = original

@@ -13,6 +13,7 @@ The range of Ultralytics releases tested is :data:`rocm_yolo.ultralytics_rules.v
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import inspect
 import re
@@ -25,6 +26,7 @@ from rocm_yolo.trainer.callbacks import CALLBACK_EVENTS
 from rocm_yolo.ultralytics_rules.versions import SUPPORTED_ULTRALYTICS, untested
 
 MID_EPOCH_FEATURE = "mid-epoch checkpoints (--checkpoint-every) and resuming inside an epoch"
+FINAL_SAVE_FEATURE = "the end of training's rewrite of last.pt and best.pt, written atomically"
 DATALOADER_ARGS = (
     "num_workers",
     "multiprocessing_context",
@@ -72,14 +74,42 @@ def _source(fn) -> str:
         return ""
 
 
+def _method_source(cls, name: str) -> str:
+    """The source of ``cls.name`` as the package ships it.
+
+    A plugin that replaced the method with a wrapper (without ``functools.wraps``) must not make
+    Ultralytics look changed: when the attribute is not the class's own definition, the
+    definition is read from the class's source file instead.
+    """
+    fn = inspect.unwrap(cls.__dict__.get(name) or getattr(cls, name, None))
+    qualname = getattr(fn, "__qualname__", "")
+    if qualname == f"{cls.__qualname__}.{name}" and getattr(fn, "__module__", None) == cls.__module__:
+        return _source(fn)
+    text = _source(inspect.getmodule(cls))
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return ""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == cls.__name__:
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == name:
+                    return ast.get_source_segment(text, item) or ""
+    return ""
+
+
+def _trainer_source(name: str) -> str:
+    return _method_source(_trainer(), name)
+
+
 def _workers_zeroed_before_callback() -> bool:
-    text = _source(_trainer().__init__)
+    text = _trainer_source("__init__")
     zeroed, callback = text.find("self.args.workers = 0"), text.find('run_callbacks("on_pretrain_routine_start")')
     return 0 <= zeroed < callback or (zeroed < 0 and callback >= 0)
 
 
 def _checkpoint_schema() -> bool:
-    text = _source(_trainer().save_model)
+    text = _trainer_source("save_model")
     return all(f'"{key}"' in text or f"'{key}'" in text for key in CHECKPOINT_KEYS)
 
 
@@ -108,7 +138,7 @@ def _thread_loader() -> bool:
 def _close_stops_iterator_workers() -> bool:
     from ultralytics.data.build import InfiniteDataLoader
 
-    return "_shutdown_workers" in _source(InfiniteDataLoader.close)
+    return "_shutdown_workers" in _method_source(InfiniteDataLoader, "close")
 
 
 def _conv_forward() -> bool:
@@ -127,7 +157,7 @@ def _loop_locals() -> bool:
     return (
         frame_writable
         and all(n in names for n in trainloop.LOOP_LOCALS)
-        and "enumerate(self.train_loader)" in _source(_trainer()._do_train)
+        and "enumerate(self.train_loader)" in _trainer_source("_do_train")
     )
 
 
@@ -139,17 +169,20 @@ def _lazy_loader_iterator() -> bool:
     """
     from ultralytics.data.build import InfiniteDataLoader
 
-    return re.search(r"self\.iterator(\s*:[^=\n]+)?\s*=\s*None\b", _source(InfiniteDataLoader.__init__)) is not None
+    return (
+        re.search(r"self\.iterator(\s*:[^=\n]+)?\s*=\s*None\b", _method_source(InfiniteDataLoader, "__init__"))
+        is not None
+    )
 
 
 def _running_loss_dict() -> bool:
     """``trainer.tloss`` is a dict of loss tensors (saved and restored with the loop's position)."""
-    return "self.loss_items.items()" in _source(_trainer()._do_train)
+    return "self.loss_items.items()" in _trainer_source("_do_train")
 
 
 def _resume_hook() -> bool:
-    setup = _source(_trainer()._setup_train)
-    return "self.resume_training(ckpt)" in setup and "start_epoch" in _source(_trainer().resume_training)
+    setup = _trainer_source("_setup_train")
+    return "self.resume_training(ckpt)" in setup and "start_epoch" in _trainer_source("resume_training")
 
 
 def _sampler_chain() -> bool:
@@ -160,7 +193,16 @@ def _sampler_chain() -> bool:
 
 def _resume_save_dir() -> bool:
     """A resume passes ``save_dir`` (the run directory where the checkpoint is now) through check_resume."""
-    return '"save_dir"' in _source(_trainer().check_resume)
+    return '"save_dir"' in _trainer_source("check_resume")
+
+
+def _final_strip() -> bool:
+    """``final_eval`` rewrites last.pt and best.pt through the module global ``strip_optimizer``."""
+    import ultralytics.engine.trainer as module
+
+    return callable(module.__dict__.get("strip_optimizer")) and "strip_optimizer(self.last)" in _trainer_source(
+        "final_eval"
+    )
 
 
 def _seed_worker() -> bool:
@@ -295,6 +337,12 @@ REQUIREMENTS = (
         "type checks of KEY=VALUE before start (Ultralytics still checks them in the child)",
         False,
         _cfg_key_sets,
+    ),
+    Requirement(
+        "BaseTrainer.final_eval calling ultralytics.engine.trainer.strip_optimizer",
+        FINAL_SAVE_FEATURE,
+        False,
+        _final_strip,
     ),
 )
 

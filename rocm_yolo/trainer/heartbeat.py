@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from rocm_yolo.run.atomic import write_atomic
-from rocm_yolo.run.heartbeat import FD_ENV, MIN_INTERVAL
+from rocm_yolo.run.heartbeat import FD_ENV, MIN_INTERVAL, position_line
 
 
 class HeartbeatWriter:
@@ -54,7 +54,8 @@ class HeartbeatWriter:
         self.pass_start = True  # the next step is the first of a pass (epoch, validation, resumed epoch)
         self.write("setup")
 
-    def write(self, phase: str | None = None, force: bool = False) -> None:
+    def write(self, phase: str | None = None, force: bool = False) -> bool:
+        """A new event; the whole record is written when forced or a second has passed. Whether it was."""
         try:
             now = self.clock()
             self.seq += 1
@@ -62,7 +63,7 @@ class HeartbeatWriter:
                 self.state["phase"] = phase
                 force = True
             if not force and now - self.last_write < MIN_INTERVAL:
-                return
+                return False
             record = {
                 **self.state,
                 "seq": self.seq,
@@ -76,8 +77,9 @@ class HeartbeatWriter:
             self._write_file(text)
             self.last_write = now
             self.step_max = 0.0
+            return True
         except Exception:  # a heartbeat must never break training
-            pass
+            return False
 
     def _send(self, text: str) -> None:
         if self.pipe_fd is None:
@@ -130,7 +132,11 @@ class HeartbeatWriter:
         self._step()
         self.state["batch"] += 1
         self.state["batches_total"] += 1
-        self.write("train", force=first)  # the first batch of an epoch is always written
+        if not self.write("train", force=first):  # the first batch of an epoch is always written
+            # between records: the finished batch still reaches the supervisor, in a few bytes down the pipe
+            # (where a hang stops and how much a restart trains again are then exact)
+            s = self.state
+            self._send(position_line(self.seq, s["epoch"], s["batch"], s["batches_total"], time.time()))
 
     def on_val_start(self, validator) -> None:
         try:

@@ -15,6 +15,7 @@ from rocm_yolo.run.atomic import write_atomic
 from rocm_yolo.run.checkpoints import MID_EPOCH_KEY
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.spec import RunSpec
+from rocm_yolo.ultralytics_rules.checkpoint import finished
 
 RESUME_CHANGES = ("workers", "val", "batch", "imgsz", "device")
 
@@ -36,7 +37,7 @@ def train_args(spec: RunSpec, presets: dict, log: RunLog, ckpt: dict | None = No
     saved = dict(ckpt.get("train_args") or {})
     epoch, epochs = ckpt.get("epoch", -1), saved.get("epochs")
     position = ckpt.get(MID_EPOCH_KEY)  # a mid-epoch checkpoint: "epoch" is the last completed one (-1 in the first)
-    if position is None and (epoch is None or epoch < 0 or (epochs and epoch + 1 >= epochs)):
+    if finished(epoch, epochs, position is not None):
         raise RunFinished(
             f"the run in {spec.run_dir} has already finished all {epochs} epochs: nothing to resume "
             "(start a new run without --resume to train again)"
@@ -93,10 +94,14 @@ def continue_mid_epoch(spec: RunSpec, model, log: RunLog, load) -> tuple[RunSpec
     """Check that the mid-epoch checkpoint ``spec`` resumes can continue inside its epoch here; if not (another
     batch or imgsz, or an Ultralytics without the internals it needs), resume from the end of the last epoch."""
     from rocm_yolo.trainer import compat
-    from rocm_yolo.trainer.checkpoint_state import position_mismatch
+    from rocm_yolo.trainer.checkpoint_state import FORMAT, position_mismatch
 
     given = {k: spec.train_args[k] for k in ("batch", "imgsz") if k in spec.user_keys and k in spec.train_args}
-    why = position_mismatch(model.ckpt, given)
+    state = (model.ckpt or {}).get(MID_EPOCH_KEY)
+    if isinstance(state, dict) and state.get("format") != FORMAT:
+        why = f"it was written by another rocm-yolo (position format {state.get('format')}, this one reads {FORMAT})"
+    else:
+        why = position_mismatch(model.ckpt, given)
     if why is None and MID_EPOCH_KEY in (model.ckpt or {}) and compat.missing_for(compat.MID_EPOCH_FEATURE):
         why = "this Ultralytics cannot be continued inside an epoch"
     if why is None:

@@ -97,6 +97,10 @@ def setup(spec: RunSpec, log: RunLog) -> Environment:
     for warning in compat.check():  # essential internals missing: SetupError; others: a feature is off
         log.event("compat", warning, warning=warning)
     loader_patch.install(env.loader, spec.run_dir)
+    if not compat.missing_for(compat.FINAL_SAVE_FEATURE):
+        from rocm_yolo.patches import final_save
+
+        final_save.install(spec.run_dir)  # the end of training rewrites last.pt and best.pt atomically
     install_conv(spec, env)
     return env
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,11 +99,20 @@ def _close(key: str, candidates) -> str:
     return f" (did you mean '{match[0]}'?)" if match else ""
 
 
+def finite(value: object) -> bool:
+    """False for a float that is inf or nan, or a list or tuple holding one (``batch=1e999`` reads as inf)."""
+    if isinstance(value, (list, tuple)):
+        return all(finite(v) for v in value)
+    return not isinstance(value, float) or math.isfinite(value)
+
+
 def check_train_arg(key: str, value: object, extra_keys=()) -> object:
     """Validate one Ultralytics train argument as Ultralytics' check_cfg would; return the value to use."""
     cfg = load()
     if key not in cfg.defaults:
         raise UsageError(f"'{key}' is not a valid Ultralytics argument{_close(key, [*cfg.defaults, *extra_keys])}")
+    if not finite(value):
+        raise UsageError(f"'{key}={value}' is not a finite number: give a number such as {cfg.defaults.get(key) or 1}")
     if value is None:
         if cfg.defaults.get(key) is not None and key in (cfg.int_keys | cfg.float_keys | cfg.bool_keys | cfg.str_keys):
             raise UsageError(f"'{key}=None' is invalid: '{key}' needs a value")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from itertools import islice
@@ -25,6 +26,27 @@ ARCHIVES = (".zip", ".tar", ".gz", ".tgz", ".xz", ".bz2", ".txz", ".tbz2")  # ch
 
 class DataError(Exception):
     """The data cannot be used at all (one line)."""
+
+
+def file_kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISDIR, "directory"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def read_text(path: Path) -> str:
+    """A YAML or list the user named, read; DataError for a FIFO, socket or device (reading one would block)."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        raise DataError(f"{path} is a {file_kind(mode)}, not a regular file (reading it would block)")
+    return path.read_text(errors="replace")
 
 
 @dataclass
@@ -68,7 +90,7 @@ def load_spec(yaml_path: Path) -> DataSpec:
     import yaml
 
     try:
-        data = yaml.safe_load(yaml_path.read_text(errors="replace"))
+        data = yaml.safe_load(read_text(yaml_path))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

@@ -14,23 +14,10 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from rocm_yolo.ultralytics_rules.datasets import DataError
+from rocm_yolo.ultralytics_rules.datasets import DataError, file_kind
 from rocm_yolo.ultralytics_rules.tasks import DETECT, OBB, POSE, SEGMENT
 
 NO_CV2_DECODE = {"avif", "heic", "heif"}  # Ultralytics opens these through Pillow plugins
-
-
-def file_kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISSOCK, "socket"),
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISBLK, "block device"),
-        (stat.S_ISDIR, "directory"),
-    ):
-        if test(mode):
-            return name
-    return "special file"
 
 
 def check_image(path: str) -> tuple[str, str] | None:

@@ -18,8 +18,6 @@ the name rule and then to ``detect``, Ultralytics' own default.
 
 from __future__ import annotations
 
-import pickle
-import zipfile
 from pathlib import Path
 
 DETECT, SEGMENT, POSE, OBB, CLASSIFY = "detect", "segment", "pose", "obb", "classify"
@@ -65,68 +63,12 @@ def head_task(cfg: dict) -> str | None:
     return None
 
 
-class _Stub:
-    """Stands for any class a checkpoint names: built from anything, keeps only its state."""
-
-    def __init__(self, *args, **kwargs):
-        self.state = None
-
-    def __setstate__(self, state):
-        self.state = state
-
-    def __call__(self, *args, **kwargs):
-        return _Stub()
-
-    def __setitem__(self, key, value):  # dict-like classes (OrderedDict) get their items set
-        pass
-
-    def append(self, value):  # list-like ones get appended to
-        pass
-
-    def extend(self, values):
-        pass
-
-
-class _InertUnpickler(pickle.Unpickler):
-    """Reads a torch checkpoint's ``data.pkl`` without importing or running anything it names."""
-
-    def find_class(self, module, name):
-        return _Stub
-
-    def persistent_load(self, pid):
-        return None  # tensor storages: not needed to read the task
-
-
-def _state(obj) -> dict:
-    state = getattr(obj, "state", None)
-    if isinstance(state, tuple):  # (dict, slots)
-        state = next((s for s in state if isinstance(s, dict)), None)
-    return state if isinstance(state, dict) else {}
-
-
 def checkpoint_task(path: str | Path) -> str | None:
     """The task stored in a ``.pt`` checkpoint, or None when it cannot be read."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            name = next(n for n in z.namelist() if n.endswith("data.pkl"))
-            with z.open(name) as f:
-                ckpt = _InertUnpickler(f).load()
-    except Exception:  # noqa: BLE001 - a damaged or foreign file: the name rule decides
-        return None
-    if not isinstance(ckpt, dict):
-        return None
-    task = (ckpt.get("train_args") or {}).get("task") if isinstance(ckpt.get("train_args"), dict) else None
-    if task in TASKS:
-        return task
-    for key in ("model", "ema"):
-        state = _state(ckpt.get(key))
-        args = state.get("args")
-        if isinstance(args, dict) and args.get("task") in TASKS:
-            return args["task"]
-        found = head_task(state.get("yaml")) if isinstance(state.get("yaml"), dict) else None
-        if found:
-            return found
-    return None
+    from rocm_yolo.ultralytics_rules.checkpoint import summary
+
+    found = summary(path)
+    return found.task if found is not None else None
 
 
 def yaml_task(path: str | Path) -> str | None:

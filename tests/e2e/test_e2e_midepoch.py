@@ -255,6 +255,7 @@ def test_a_worker_hang_resumes_inside_the_epoch_with_the_same_samples(runner, da
     [record_] = json.loads((run / "rocm_yolo" / "supervisor.json").read_text())["recoveries"]
     assert record_["resumed_at"] == [2, 10] and record_["cause"] == "hang"
     assert 0 <= record_["retrained_batches"] <= reached - 10  # as of the last heartbeat (at most a second old)
+    assert record_["retrained_batches"] == reached - 10  # exact: every finished batch reaches the supervisor
     assert "batches trained again" in r.stdout
     status = subprocess.run([sys.executable, "-m", "rocm_yolo", "status", str(run)], capture_output=True, text=True)
     assert "resumed at epoch 2, batch 10 from ep2-ba10.pt" in status.stdout

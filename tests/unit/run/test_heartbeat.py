@@ -27,7 +27,9 @@ def test_a_heartbeat_file_that_cannot_be_written_is_said_once_and_still_heard(tm
         writer.on_train_batch_end(trainer)
     writer.on_train_end(trainer)
     beats = reader.read()
-    assert [hb.phase for hb in beats] == ["setup", "train", "train", "done"]  # the first batch forced, then ≤1/s
+    # full records: the first batch forced, then at most one a second; every other batch as a position line
+    assert [hb.phase for hb in beats] == ["setup", "train", "train", "train", "train", "done"]
+    assert [hb.batch for hb in beats[1:5]] == [0, 1, 2, 3] and [hb.batches_total for hb in beats[2:5]] == [1, 2, 3]
     assert [hb.seq for hb in beats] == sorted({hb.seq for hb in beats}), "every record, in order"
     hb = beats[-1]
     assert hb.batches_total == 3 and hb.seq == writer.seq and reader.read() == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -136,7 +137,7 @@ def test_a_hang_is_detected_dumped_killed_and_resumed_on_the_next_profile(spec):
     weights = Path(spec.run_dir) / "weights"
     weights.mkdir(parents=True)
     with zipfile.ZipFile(weights / "last.pt", "w") as z:
-        z.writestr("last/data.pkl", b"x")
+        z.writestr("last/data.pkl", pickle.dumps({"epoch": 0, "train_args": {"epochs": 3}}))
     hung = Script(clock, {5: beat(1), 6: beat(2, batch=2, batches_total=2)})  # stops at t=6
     healthy = steady(clock, 200, 1, start=clock.now)
     healthy.events = [(t + 70, hb) for t, hb in healthy.events]

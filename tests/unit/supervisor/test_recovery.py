@@ -161,3 +161,29 @@ def test_a_resume_that_finishes_between_two_polls_still_says_where_it_resumed(sp
     [record] = sup.run().recoveries
     assert record["resumed_at"] == [2, 10] and record["retrained_batches"] == 4 and record["cause"] == "hang"
     assert record["retrain_seconds"] == 0.3  # batch 11 to 14 again, by the trainer's clock, not the polls
+
+
+def test_where_a_hang_stopped_is_the_last_finished_batch_not_the_last_record(tmp_path):
+    """Records go at most once a second; every finished batch still reaches the supervisor (a position line),
+    so the work a restart trains again is exact on a fast machine too."""
+    import os
+
+    from rocm_yolo.supervisor.child import PipeReader
+    from rocm_yolo.trainer.heartbeat import HeartbeatWriter
+
+    read_end, write_end = os.pipe()
+    writer = HeartbeatWriter(tmp_path / "heartbeat.json", pipe_fd=write_end, clock=lambda: 0.0)  # one second never ends
+    trainer = type("T", (), {"epoch": 1, "epochs": 3, "train_loader": [None] * 50})()
+    writer.on_train_epoch_start(trainer)
+    for _ in range(40):
+        writer.on_train_batch_end(trainer)
+    reader, work = PipeReader(read_end), WorkLost()
+    for hb in reader.read():
+        work.observe(hb)
+    assert work.at == [2, 40]  # the 40th batch of epoch 2, though the last full record was the first batch's
+    work.failed("hang", now=10.0)
+    resumed = dataclasses.replace(beat(1, 2, 31, 1, pid=101, t=5.0), batches=50)  # from ep2-ba30: batch 31 first
+    record = work.resumed(resumed, attempt=2, checkpoint="ep2-ba30.pt", now=20.0)
+    assert record["lost_at"] == [2, 40] and record["resumed_at"] == [2, 30] and record["retrained_batches"] == 10
+    os.close(write_end)
+    reader.close()

@@ -1,0 +1,65 @@
+"""The end of training, written atomically: Ultralytics' ``final_eval`` rewrites last.pt and best.pt in place.
+
+After the last epoch, ``BaseTrainer.final_eval`` calls ``strip_optimizer(last)`` and
+``strip_optimizer(best)``, which ``torch.save`` the stripped checkpoint over the file. A stop
+in the middle (``torch.save`` calls back into Python for every tensor, so a SIGTERM's handler
+runs inside it; a SIGKILL anywhere) left a truncated ``last.pt`` or ``best.pt``, or a
+well-formed archive lacking some tensor records, with no copy of ``best.pt`` anywhere.
+
+The patch is one module global, ``ultralytics.engine.trainer.strip_optimizer`` (the name
+``final_eval`` calls): the same function, saving into a temporary file beside the target,
+fsynced and renamed over it. A stop leaves the old file or the new one, both loadable.
+:func:`install` is idempotent; :func:`uninstall` puts the original back.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+from rocm_yolo.run import hooks
+from rocm_yolo.run.atomic import replace_durably, temporary
+from rocm_yolo.run.paths import RunPaths
+
+_module = None
+_original = None
+
+
+def install(run_dir: str | os.PathLike) -> None:
+    global _module, _original
+    import ultralytics.engine.trainer as module
+
+    current = module.__dict__.get("strip_optimizer")
+    if getattr(current, "__rocm_yolo_patch__", False):
+        return
+    paths = RunPaths(run_dir)
+
+    @functools.wraps(current)
+    def strip_optimizer(f="best.pt", s="", updates=None):
+        target = Path(s or f)
+        tmp = temporary(target)
+        try:
+            with hooks.final_save(target.name, paths):  # tests: a stop halfway through this rewrite
+                result = current(f, s=str(tmp), updates=updates)
+            if tmp.exists():  # not when f was no Ultralytics checkpoint: nothing was written
+                replace_durably(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return result
+
+    strip_optimizer.__rocm_yolo_patch__ = True
+    module.strip_optimizer = strip_optimizer
+    _module, _original = module, current
+
+
+def uninstall() -> None:
+    global _module, _original
+    if _module is not None and getattr(_module.__dict__.get("strip_optimizer"), "__rocm_yolo_patch__", False):
+        _module.strip_optimizer = _original
+    _module, _original = None, None
+
+
+def installed() -> bool:
+    return _module is not None

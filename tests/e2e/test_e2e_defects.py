@@ -1,0 +1,203 @@
+"""End to end, nothing lost, nothing shared, nothing misreported: what careless, unlucky or adversarial use found.
+
+Real processes throughout: the real CLI, real training on the CPU, a stop landing in the middle
+of the end of training's rewrite of last.pt and best.pt (deterministically: the fault waits
+for the rewrite to begin), real pipes closed under the CLI.
+"""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+
+from helpers import TINY, Cli, epochs_in, rocm_lines
+from rocm_yolo import errors
+from rocm_yolo.run import checkpoints
+from rocm_yolo.run.paths import RunPaths
+from rocm_yolo.run.state import read_state
+
+pytestmark = pytest.mark.e2e
+
+
+def one_error_line(r, code: int, needle: str) -> str:
+    assert r.returncode == code, r.stdout[-3000:]
+    assert "Traceback" not in r.stdout, r.stdout[-3000:]
+    [line] = [x for x in rocm_lines(r.stdout) if needle in x]
+    return line
+
+
+def files_of(root) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def loads(path) -> bool:
+    return isinstance(torch.load(path, map_location="cpu", weights_only=False), dict)
+
+
+# --------------------------------------------------------------------------- 1. the user's folder
+
+
+def test_a_failed_run_leaves_a_folder_it_did_not_create_as_it_was(cli, tiny_data, tmp_path):
+    data = tmp_path / "novalset.yaml"
+    data.write_text(tiny_data.read_text().replace("val: images/val", "val: images/missing"))
+    mine = tmp_path / "P" / "mywork"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("my notes")
+    (mine / "results.csv").write_text("epoch,loss\n1,0.5\n")
+    r = cli.run("train", str(data), "--project", str(tmp_path / "P"), "--name", "mywork", "exist_ok=True", *TINY)
+    one_error_line(r, errors.USAGE, "error:")
+    assert (mine / "notes.txt").read_text() == "my notes" and (mine / "results.csv").read_text().startswith("epoch")
+    # a run directory this run created itself is removed after such an error
+    again = cli.run("train", str(data), "--project", str(tmp_path / "P"), "--name", "fresh", *TINY)
+    one_error_line(again, errors.USAGE, "error:")
+    assert not (tmp_path / "P" / "fresh").exists() and cli.leftovers() == []
+
+
+# --------------------------------------------------------------------------- 2. a stop during the final save
+
+
+@pytest.fixture(scope="module")
+def final_runs(tmp_path_factory, tiny_data):
+    """A 1-epoch run stopped (SIGTERM to its supervisor) while rewriting last.pt, and one whose trainer is
+    SIGKILLed while rewriting best.pt, each halfway through the file."""
+    root = tmp_path_factory.mktemp("final")
+    cli = Cli(root)
+    out = {}
+    for name, fault in (("stopped", "final-save-stop@last"), ("killed", "final-save-kill@best")):
+        out[name] = cli.run(
+            "train",
+            str(tiny_data),
+            "--epochs",
+            "1",
+            "--workers",
+            "0",
+            "--name",
+            name,
+            *TINY,
+            env={"ROCM_YOLO_FAULT": fault},
+        )
+    yield root, cli, out
+    cli.kill_all()
+
+
+def test_a_stop_halfway_through_the_final_rewrite_leaves_loadable_checkpoints(final_runs):
+    root, cli, out = final_runs
+    r = out["stopped"]
+    assert r.returncode == errors.TERMINATED, r.stdout[-3000:]
+    paths = RunPaths(root / "runs" / "detect" / "stopped")
+    assert (paths.state / "fault-final-save-stop.fired").exists()  # the stop did land in the rewrite
+    assert checkpoints.verify(paths.last) is None and loads(paths.last) and loads(paths.best)
+    assert not list(paths.weights.glob(".*.tmp")) and cli.leftovers() == []
+    assert f"resume with: rocm-yolo train --resume {paths.last}" in r.stdout
+
+
+def test_resuming_the_stopped_run_says_it_finished_and_writes_nothing(final_runs, tmp_path):
+    root, _, _ = final_runs
+    run = root / "runs" / "detect" / "stopped"
+    before = files_of(run)
+    r = Cli(tmp_path).run("train", "--resume", str(run / "weights" / "last.pt"), timeout=60)
+    assert "has already finished all 1 epochs: nothing to resume" in one_error_line(r, errors.USAGE, "error:")
+    assert files_of(run) == before  # no spec-2.json, no moved file, supervisor.json as it was
+
+
+def test_a_sigkill_halfway_through_the_final_rewrite_is_finished_by_the_watchdog(final_runs):
+    root, _, out = final_runs
+    r = out["killed"]
+    paths = RunPaths(root / "runs" / "detect" / "killed")
+    assert r.returncode == 0 and "exited with code -9" in r.stdout, r.stdout[-3000:]
+    assert "the checkpoint shows the run finished all its epochs" in r.stdout
+    assert [p.name for p in paths.specs()] == ["spec-1.json"]  # decided from the checkpoint: no second trainer
+    assert loads(paths.last) and loads(paths.best) and read_state(paths.run_dir)["state"] == "finished"
+    assert not paths.last_good.exists()  # dropped once both load
+
+
+# --------------------------------------------------------------------------- 3. cfg= into another run
+
+
+@pytest.mark.parametrize("line", ["resume: {other}", "resume: true"])
+def test_a_cfg_file_cannot_lead_into_another_run(cli, tiny_data, tmp_path, line):
+    other = RunPaths(tmp_path / "runs" / "detect" / "A")
+    other.last.parent.mkdir(parents=True)
+    with zipfile.ZipFile(other.last, "w") as z:
+        z.writestr("a/data.pkl", pickle.dumps({"epoch": 0, "train_args": {"epochs": 3}}))
+    before = files_of(other.run_dir)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(line.format(other=other.last) + "\n")
+    r = cli.run("train", str(tiny_data), "--name", "B", f"cfg={cfg}", *TINY, timeout=60)
+    assert "'resume: " in one_error_line(r, errors.USAGE, "is not accepted here: use --resume")
+    assert files_of(other.run_dir) == before and not (tmp_path / "runs" / "detect" / "B").exists()
+
+
+# --------------------------------------------------------------------------- 5, 7. a symlinked YAML, a damaged last.pt
+
+
+def test_a_symlinked_yaml_trains_its_own_folder_and_a_damaged_checkpoint_falls_back(cli, tiny_data, tmp_path):
+    shutil.copytree(tiny_data.parent, tmp_path / "set")
+    (tmp_path / "configs").mkdir()
+    text = (tmp_path / "set" / tiny_data.name).read_text()
+    (tmp_path / "configs" / "shapes.yaml").write_text(
+        "\n".join(x for x in text.splitlines() if not x.startswith("path:"))
+    )
+    (tmp_path / "set" / "data.yaml").symlink_to("../configs/shapes.yaml")  # the images sit beside the link only
+    run = RunPaths(tmp_path / "runs" / "detect" / "train")
+    r = cli.run(
+        "train",
+        "set/data.yaml",
+        "--epochs",
+        "2",
+        "--workers",
+        "0",
+        "--max-restarts",
+        "0",
+        *TINY,
+        env={"ROCM_YOLO_FAULT": "crash@2:1"},
+    )
+    assert r.returncode == errors.FAILED and epochs_in(run.run_dir) == [1], r.stdout[-3000:]
+    data = bytearray(run.last.read_bytes())
+    data[data.index(b"PK\x01\x02") + 10] = 99  # one byte: a compression method nobody knows
+    run.last.write_bytes(bytes(data))
+    resumed = cli.run("train", "--resume", str(run.last))
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert "resuming from the verified copy" in resumed.stdout and (run.weights / "last.truncated.pt").exists()
+    assert epochs_in(run.run_dir) == [1, 2] and cli.leftovers() == []
+
+
+# --------------------------------------------------------------------------- 8, 9. numbers and error classes
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--stall-timeout", "nan"], ["--startup-grace", "inf"], ["--batch", "inf"], ["batch=1e999"], ["timeout=nan"]],
+)
+def test_numbers_that_are_not_finite_are_usage_errors(cli, tiny_data, tmp_path, args):
+    r = cli.run("train", str(tiny_data), "--model", "yolo26n.yaml", "--device", "cpu", *args, timeout=60)
+    one_error_line(r, errors.USAGE, "error:")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_closed_pipe_is_not_a_download(tmp_path):
+    r = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", f"{sys.executable} -m rocm_yolo profiles | head -1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.stdout.startswith("setting") and r.stderr == "" and r.returncode == errors.PIPE_CLOSED
+
+
+def test_a_val_folder_without_images_is_the_users_error(cli, tiny_data, tmp_path):
+    shutil.copytree(tiny_data.parent, tmp_path / "d")
+    for image in (tmp_path / "d" / "images" / "val").iterdir():
+        image.unlink()
+    yaml = tmp_path / "d" / tiny_data.name
+    yaml.write_text(yaml.read_text().replace(str(tiny_data.parent), str(tmp_path / "d")))
+    r = cli.run("train", str(yaml), "--epochs", "1", "--workers", "0", *TINY)
+    line = one_error_line(r, errors.USAGE, "error:")
+    assert "No images found" in line or "Error loading data" in line
+    assert "internal error" not in r.stdout and cli.leftovers() == []
