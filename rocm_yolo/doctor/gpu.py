@@ -18,6 +18,7 @@ from rocm_yolo.doctor.report import FAIL, OK, SKIP, WARN, Options, Row
 from rocm_yolo.doctor.system import python_json
 from rocm_yolo.gpu import arch as gpu_arch
 from rocm_yolo.gpu import presets as gpu_presets
+from rocm_yolo.gpu import wheels
 from rocm_yolo.gpu.arch import family, gfx_name, gfx_version, parse_override
 from rocm_yolo.gpu.torch_build import torch_build
 
@@ -72,13 +73,23 @@ def override_row(arch: str | None, value: str | None) -> Row:
     if parsed[:2] == card[:2]:
         return Row(check, name, OK, f"HSA_OVERRIDE_GFX_VERSION={value} fits the {arch} card ({fits})", data=data)
     found = f"HSA_OVERRIDE_GFX_VERSION={value} runs the {arch} card as {target}, another family"
-    if parsed[0] == card[0]:
-        why = " (it crashes some RX 5700 cards)" if fits == "gfx101x" else ""
+    known = wheels.KNOWN_OVERRIDES.get(fits)
+    if known is not None and known.good and ".".join(map(str, parsed)) in known.crashes:
         return Row(
             check,
             name,
             WARN,
-            found + why,
+            f"{found}, reported to crash {fits} cards",
+            f"use HSA_OVERRIDE_GFX_VERSION={known.good} with a torch that has {arch} code, or unset it "
+            f"({known.source})",
+            data=dict(data, source=known.source),
+        )
+    if parsed[0] == card[0]:
+        return Row(
+            check,
+            name,
+            WARN,
+            found,
             f"use {fitting}, which fits {fits}, or unset it; keep {value} only if a test run is stable",
             data=data,
         )
@@ -316,29 +327,23 @@ def check_torch_gpu(opts: Options, gpus: list | None, kind: str) -> Iterator[Row
     result, outcome = python_json(opts, GPU_PROBE, min(opts.timeout, 120))
     flags = (result or {}).get("arch_flags") or ""
     archs = sorted({a.split(":")[0] for a in re.findall(r"gfx[0-9a-f]+(?::[^\s;,]*)?", flags)})
-    yield _torch_arch_row(effective, archs)
+    yield _torch_arch_row(arch, effective, archs)
     yield _kernel_row(result, outcome)
 
 
-def _torch_arch_row(effective: str, archs: list[str]) -> Row:
-    """Whether the architecture the GPU runs as (``effective``) is among the ones torch was built for."""
+def _torch_arch_row(arch: str, effective: str, archs: list[str]) -> Row:
+    """Whether the architecture the ``arch`` GPU runs as (``effective``) is among the ones torch was built for."""
     data = {"effective_arch": effective, "torch_archs": archs}
     if archs:
         if effective in archs:
             return Row("gpu.torch_arch", "torch code for GPU", OK, f"this torch build has {effective} code", data=data)
         else:
-            same = [a for a in archs if (gfx_version(a) or (0,))[:2] == (gfx_version(effective) or (1,))[:2]]
-            hint = (
-                f"HSA_OVERRIDE_GFX_VERSION={'.'.join(map(str, gfx_version(same[0])))} runs it as {same[0]}"
-                if same
-                else "a torch built with PYTORCH_ROCM_ARCH=" + effective
-            )
             return Row(
                 "gpu.torch_arch",
                 "torch code for GPU",
                 FAIL,
                 f"this torch build has no {effective} code (it has {', '.join(archs)})",
-                f"install a torch built for {effective}, or try {hint}",
+                _torch_arch_fix(arch, effective, archs),
                 data=data,
             )
     else:
@@ -349,6 +354,18 @@ def _torch_arch_row(effective: str, archs: list[str]) -> Row:
             "torch does not list its GPU architectures; see the kernel launch row",
             data=data,
         )
+
+
+def _torch_arch_fix(arch: str, effective: str, archs: list[str]) -> str:
+    """AMD's wheels for the card where there are some, else a build for it or an override into the torch's archs."""
+    choice = wheels.choose([arch], env={})
+    if choice.index is not None:
+        return f"install AMD's wheels for {arch}: {choice.command()}"
+    same = [a for a in archs if (gfx_version(a) or (0,))[:2] == (gfx_version(effective) or (1,))[:2]]
+    if same:
+        value = ".".join(map(str, gfx_version(same[0])))
+        return f"{choice.why}; with this torch, try HSA_OVERRIDE_GFX_VERSION={value} (runs it as {same[0]})"
+    return choice.why
 
 
 def _kernel_row(result: dict | None, outcome) -> Row:

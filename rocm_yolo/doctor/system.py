@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 from rocm_yolo.doctor.report import FAIL, OK, SKIP, WARN, Options, Row, loader_plan
+from rocm_yolo.gpu import wheels
 from rocm_yolo.gpu.torch_build import torch_build
 from rocm_yolo.supervisor.proctree import Outcome, run_bounded
 from rocm_yolo.ultralytics_rules.versions import SUPPORTED_ULTRALYTICS, untested
@@ -98,6 +99,7 @@ def check_versions(opts: Options, gpus: list | None, torch_error: str | None = N
     build = torch_build()
     kind = torch_kind(build)
     have_gpu = bool(gpus)
+    archs = list(dict.fromkeys(g.arch for g in gpus or ()))
     data = dict(build, kind=kind)
     if build.get("path") is None:
         yield Row(
@@ -105,7 +107,7 @@ def check_versions(opts: Options, gpus: list | None, torch_error: str | None = N
             "torch",
             FAIL,
             "not installed",
-            "pip install torch from the ROCm index (https://pytorch.org/get-started/locally/, choose ROCm)",
+            wheels.choose(archs, env={}).advice(),
             data=data,
         )
     elif torch_error is not None:
@@ -114,8 +116,8 @@ def check_versions(opts: Options, gpus: list | None, torch_error: str | None = N
             "torch",
             FAIL,
             f"{build['torch'] or 'torch'} at {build['path']} fails to import: {torch_error}",
-            "reinstall torch (pip install --force-reinstall torch ...; on an AMD GPU from the "
-            "ROCm index) or fix what the error names (a missing library, a broken PYTHONPATH)",
+            "fix what the error names (a missing library, a broken PYTHONPATH) or reinstall torch "
+            "(add --force-reinstall): " + wheels.choose(archs, env={}).advice(),
             data=dict(
                 data, error=torch_error, verdict="torch cannot be imported: fix that first, nothing else can be tested"
             ),
@@ -129,10 +131,7 @@ def check_versions(opts: Options, gpus: list | None, torch_error: str | None = N
         status, fix = OK, None
         if have_gpu and kind != "hip":
             status = FAIL
-            fix = (
-                "this torch cannot use the AMD GPU: install a ROCm build, e.g. "
-                "pip install torch torchvision --index-url https://download.pytorch.org/whl/rocm6.2"
-            )
+            fix = "this torch cannot use the AMD GPU: " + wheels.choose(archs, env={}).advice()
         yield Row("versions.torch", "torch", status, f"{build['torch']}, {label}", fix, data=data)
     ultra = _metadata_version("ultralytics")
     if ultra:

@@ -14,6 +14,7 @@ import pytest
 
 from helpers import rows_by_check
 from rocm_yolo import doctor
+from rocm_yolo.cli import build_parser
 from rocm_yolo.doctor import FAIL, OK, SKIP, WARN, Options
 from rocm_yolo.doctor import cli as doctor_cli
 from rocm_yolo.doctor import gpu as doctor_gpu
@@ -49,6 +50,19 @@ def test_bad_options_exit_2(argv, words, capsys):
     assert words in capsys.readouterr().err
 
 
+def test_shared_memory_is_sized_as_the_run_would_be(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROCM_YOLO_DEMO_DIR", str(tmp_path / "demo"))
+    parse = build_parser().parse_args
+    demo = doctor_cli.options_from_args(parse(["doctor", "demo", "--skip", "data"]))
+    assert (demo.batch, demo.imgsz) == (8, 64)  # the demo trains at batch 8, 64 px
+    mine = tmp_path / "data.yaml"
+    mine.write_text("train: images\nval: images\nnames: [a]\n")
+    mine_opts = doctor_cli.options_from_args(parse(["doctor", str(mine)]))
+    assert (mine_opts.batch, mine_opts.imgsz) == (16, 640)
+    given = doctor_cli.options_from_args(parse(["doctor", "demo", "--batch", "32", "--imgsz", "320"]))
+    assert (given.batch, given.imgsz) == (32, 320)
+
+
 def test_conclusion_and_exit_code():
     rows = [doctor.Row("a", "a", OK, "fine"), doctor.Row("b", "b", WARN, "hmm")]
     assert doctor.exit_code(rows) == 0 and "Nothing blocks training" in doctor.conclusion(rows)
@@ -62,7 +76,9 @@ def test_conclusion_and_exit_code():
     "arch, value, status, words",
     [
         ("gfx1010", None, OK, "not set"),
-        ("gfx1010", "10.3.0", WARN, "RX 5700"),
+        ("gfx1010", "10.3.0", WARN, "reported to crash gfx101x cards"),
+        ("gfx1012", "10.3.0", WARN, "reported to crash gfx101x cards"),
+        ("gfx1010", "10.2.0", WARN, "another family"),
         ("gfx1010", "10.1.0", OK, "matches"),
         ("gfx1012", "10.1.0", OK, "fits"),
         ("gfx1031", "10.3.0", OK, "fits"),
@@ -74,8 +90,8 @@ def test_conclusion_and_exit_code():
 def test_hsa_override_against_arch(arch, value, status, words):
     row = doctor_gpu.override_row(arch, value)
     assert row.status == status and words in row.found
-    if value == "10.3.0" and arch == "gfx1010":
-        assert "10.1.0" in row.fix
+    if value == "10.3.0" and (arch or "").startswith("gfx101"):
+        assert "HSA_OVERRIDE_GFX_VERSION=10.1.0" in row.fix and "ROCm/legacy-rocm-build#887" in row.fix
 
 
 def fake_root(tmp_path, *, members="", devices=True, gfx=100100) -> Path:
@@ -248,7 +264,9 @@ def test_amd_gpu_with_a_non_rocm_torch_is_blocking(tmp_path):
         pytest.skip("this torch is a ROCm build")
     opts = Options(root=fake_root(tmp_path), skip=frozenset({"shm", "start", "data", "loader", "kernel"}))
     rows = rows_by_check(doctor_cli.run_all(opts))
-    assert rows["versions.torch"].status == FAIL and "rocm" in rows["versions.torch"].fix
+    fix = rows["versions.torch"].fix
+    assert rows["versions.torch"].status == FAIL
+    assert "'torch[device-gfx1010]' 'torchvision[device-gfx1010]' --index-url https://stable.repo.amd.com/" in fix
     assert rows["gpu.torch_arch"].status == SKIP and rows["conv.selftest"].status == SKIP
 
 
