@@ -1,0 +1,65 @@
+# rocm-yolo from a fresh clone: `make demo` trains the demo, `make test` runs the tests.
+# Each sets up .venv on its first run (python3 -m venv; the system Python is never touched),
+# installs torch once, chosen for this machine (rocm_yolo/gpu/wheels.py: AMD's wheels for the
+# GPU's architecture, else the package index's default; TORCH_SPEC= and TORCH_INDEX= override
+# it; a torch already in .venv is kept), then the project. Later runs skip the set-up.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+LOG := $(VENV)/make.log
+TORCH_SPEC ?=
+TORCH_INDEX ?=
+SOURCES := $(shell find rocm_yolo patches -name '*.py' 2>/dev/null)
+# What pip gets for torch on this machine, shell-quoted (read at parse time, so `make -n` shows it).
+TORCH_ARGS := $(shell TORCH_SPEC='$(TORCH_SPEC)' TORCH_INDEX='$(TORCH_INDEX)' PYTHONPATH=. $(PYTHON) -m rocm_yolo.gpu.wheels --pip-args 2>/dev/null)
+
+# $(call step,WHAT,COMMAND): run COMMAND, its output kept in $(LOG); on failure one line: which step, and why
+# (the step's first error line, else its last line).
+step = echo "make: $(1)"; ( $(2) ) >$(VENV)/step.log 2>&1; rc=$$?; cat $(VENV)/step.log >>$(LOG); \
+	[ $$rc = 0 ] || { echo "make: $(1) failed: $$(grep -m 1 -E '^(ERROR|[A-Za-z]*Error)' $(VENV)/step.log \
+	|| grep -v '^\s*$$' $(VENV)/step.log | tail -n 1) (all of it: $(LOG))"; exit 1; }
+
+.PHONY: help demo test torch
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z]+):.*## /  make \1\t/'
+	@echo "  (torch for this machine: pip install $(TORCH_ARGS); override with TORCH_SPEC=... TORCH_INDEX=...)"
+
+demo: $(VENV)/.project ## set up (first time), then train the demo: rocm-yolo train demo --epochs 2 --device cpu
+	$(VENV)/bin/rocm-yolo train demo --epochs 2 --device cpu
+
+test: $(VENV)/.project-test ## set up with the test extras (first time), then run the tests: python -m pytest -q
+	$(PY) -m pytest -q
+
+torch: $(VENV)/.torch ## only set up .venv and torch
+
+# the torch choice is needed: without it no step can be right
+have_choice = test -n "$(TORCH_ARGS)" || { echo "make: $(PYTHON) cannot run rocm_yolo/gpu/wheels.py: is Python 3.9+ installed as $(PYTHON)?"; exit 1; }
+
+$(PY):
+	@$(have_choice)
+	@echo "make: creating $(VENV) ($(PYTHON) -m venv)"
+	@$(PYTHON) -m venv $(VENV) >/dev/null 2>&1 || { rm -rf $(VENV); echo "make: creating $(VENV) failed: $(PYTHON) -m venv (on Debian and Ubuntu: apt install python3-venv)"; exit 1; }
+
+$(VENV)/.torch: | $(PY)
+	@if $(PY) -c "import torch" >/dev/null 2>&1; then \
+		echo "make: torch $$($(PY) -c 'import torch; print(torch.__version__)') is already in $(VENV): kept (rocm-yolo doctor says whether it fits this machine)"; \
+	else \
+		$(have_choice); \
+		$(call step,installing torch: pip install $(TORCH_ARGS),$(PY) -m pip install --quiet $(TORCH_ARGS)); \
+	fi
+	@$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/constraints.txt
+	@touch $@
+
+# A regular install (a wheel, as users get it), again whenever the sources change; the torch of .venv is
+# held (constraints.txt), so no dependency can swap it for another build. (For an editable install of
+# your own: pip install -e ".[test]", see CONTRIBUTING.md.)
+$(VENV)/.project: pyproject.toml $(SOURCES) $(VENV)/.torch
+	@$(call step,installing rocm-yolo and its dependencies into $(VENV),$(PY) -m pip install --quiet -c $(VENV)/constraints.txt .)
+	@touch $@
+
+$(VENV)/.project-test: $(VENV)/.project
+	@$(call step,installing the test extras into $(VENV),$(PY) -m pip install --quiet -c $(VENV)/constraints.txt ".[test]")
+	@touch $@

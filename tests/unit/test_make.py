@@ -1,0 +1,164 @@
+"""`make demo` and `make test` from a fresh clone: the torch they choose for each GPU, what a second run does,
+how a failed step reads, and that CI and the README use the same commands.
+
+The Makefile runs in a copy of the project (no .venv), so nothing here touches the checkout's own set-up.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rocm_yolo.doctor import FAIL, OK, Options
+from rocm_yolo.doctor import system as doctor_system
+from rocm_yolo.gpu import arch, wheels
+
+ROOT = Path(__file__).resolve().parents[2]
+AMD = wheels.AMD_INDEX
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="GNU make is not installed")
+
+# gfx_target_version -> the pip arguments for torch (a fake KFD tree with that GPU; None: no GPU at all)
+CASES = {
+    "gfx1010": (100100, f"'torch[device-gfx1010]' 'torchvision[device-gfx1010]' --index-url {AMD}"),
+    "gfx1030": (100300, f"'torch[device-gfx1030]' 'torchvision[device-gfx1030]' --index-url {AMD}"),
+    "gfx1100": (110000, f"'torch[device-gfx1100]' 'torchvision[device-gfx1100]' --index-url {AMD}"),
+    "gfx90a": (90010, f"'torch[device-gfx90a]' 'torchvision[device-gfx90a]' --index-url {AMD}"),
+    "no GPU": (None, "torch torchvision"),
+}
+
+
+def kfd_tree(base: Path, *versions: int | None) -> Path:
+    """A KFD topology as the amdgpu driver lays it out: a CPU node, then one node per GPU."""
+    nodes = base / "nodes"
+    (nodes / "0").mkdir(parents=True, exist_ok=True)
+    (nodes / "0/properties").write_text("cpu_cores_count 8\ngfx_target_version 0\n")
+    for i, version in enumerate(v for v in versions if v):
+        (nodes / str(i + 1)).mkdir()
+        (nodes / str(i + 1) / "properties").write_text(f"gfx_target_version {version}\nvendor_id 4098\n")
+    return nodes
+
+
+@pytest.fixture
+def clone(tmp_path) -> Path:
+    """The files `make` reads, copied as a fresh clone has them (no .venv)."""
+    dest = tmp_path / "clone"
+    dest.mkdir()
+    for name in ("Makefile", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, dest / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(ROOT / "rocm_yolo", dest / "rocm_yolo", symlinks=True, ignore=ignore)
+    shutil.copytree(ROOT / "patches", dest / "patches", ignore=ignore)
+    return dest
+
+
+def make(clone: Path, *args: str, kfd: Path | None = None, python: str = sys.executable, **env: str):
+    environ = {k: v for k, v in os.environ.items() if k not in ("TORCH_SPEC", "TORCH_INDEX", "MAKEFLAGS")}
+    environ.update(env, ROCM_YOLO_KFD_ROOT=str(kfd or clone / "no-kfd"))
+    return subprocess.run(
+        ["make", f"PYTHON={python}", *args],
+        cwd=clone,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("card", CASES)
+def test_each_card_gets_its_torch_in_the_makefile_and_the_doctor(card, clone, tmp_path):
+    version, pip_args = CASES[card]
+    nodes = kfd_tree(tmp_path / "kfd", version)
+    gpus = arch.detect_gpus(nodes)
+    assert wheels.for_this_machine(env={}, root=nodes).pip_args() == [
+        a.strip("'") for a in re.findall(r"'[^']*'|\S+", pip_args)
+    ]
+    dry = make(clone, "-n", "demo", kfd=nodes)
+    assert dry.returncode == 0, dry.stderr
+    assert f"-m pip install --quiet {pip_args} )" in dry.stdout
+    assert "make: creating .venv" in dry.stdout and "pip install --quiet -c .venv/constraints.txt ." in dry.stdout
+    row = {r.check: r for r in doctor_system.check_versions(Options(root=tmp_path), gpus)}["versions.torch"]
+    if doctor_system.torch_kind(doctor_system.torch_build()) == "hip":
+        pytest.skip("this torch is a ROCm build: the doctor's row depends on its code, not on the card")
+    if version is None:
+        assert row.status == OK and row.fix is None
+    else:
+        assert row.status == FAIL and f"pip install {pip_args}" in row.fix, row.fix
+
+
+def test_a_card_without_amd_wheels_is_told_what_remains(clone, tmp_path):
+    nodes = kfd_tree(tmp_path / "kfd", 90012)  # gfx90c, a Renoir/Cezanne APU: no wheels, no known override
+    choice = wheels.for_this_machine(env={}, root=nodes)
+    assert choice.pip_args() == ["torch", "torchvision"] and choice.index is None
+    assert choice.advice().startswith("AMD publishes no torch wheels for gfx90c: use a distribution's ROCm build")
+    dry = make(clone, "-n", "demo", kfd=nodes)
+    assert "-m pip install --quiet torch torchvision )" in dry.stdout
+    known = wheels.override_note("gfx1013")  # a gfx101x without wheels: the family's known value and its source
+    assert "HSA_OVERRIDE_GFX_VERSION=10.1.0" in known and "ROCm/legacy-rocm-build#887" in known
+
+
+def test_two_cards_get_both_architectures_and_torch_spec_overrides(clone, tmp_path):
+    nodes = kfd_tree(tmp_path / "kfd", 100100, 110000)
+    both = f"'torch[device-gfx1010,device-gfx1100]' 'torchvision[device-gfx1010,device-gfx1100]' --index-url {AMD}"
+    assert both in make(clone, "-n", "demo", kfd=nodes).stdout
+    mine = make(clone, "-n", "demo", kfd=nodes, TORCH_SPEC="torch==2.5.1", TORCH_INDEX="https://example.org/simple")
+    assert "-m pip install --quiet torch==2.5.1 --index-url https://example.org/simple )" in mine.stdout
+
+
+def test_make_help_lists_the_targets_and_the_torch_choice(clone, tmp_path):
+    out = make(clone, "help", kfd=kfd_tree(tmp_path / "kfd", 100100))
+    assert out.returncode == 0, out.stderr
+    for target in ("make demo", "make test", "make torch", "make help"):
+        assert target in out.stdout
+    assert "'torch[device-gfx1010]'" in out.stdout
+
+
+def test_a_second_make_demo_installs_nothing(clone):
+    """With .venv set up (stamps newer than the sources), `make demo` only trains and `make test` only tests."""
+    venv = clone / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin/python").symlink_to(sys.executable)
+    later = time.time() + 5
+    for i, stamp in enumerate((".torch", ".project", ".project-test")):
+        (venv / stamp).touch()
+        os.utime(venv / stamp, (later + i, later + i))
+    assert make(clone, "-n", "demo").stdout.splitlines() == [".venv/bin/rocm-yolo train demo --epochs 2 --device cpu"]
+    assert make(clone, "-n", "test").stdout.splitlines() == [".venv/bin/python -m pytest -q"]
+    source = clone / "rocm_yolo/cli.py"  # a changed source is installed again, torch is not
+    os.utime(source, (later + 10, later + 10))
+    again = make(clone, "-n", "demo").stdout
+    assert "installing rocm-yolo" in again and "installing torch" not in again and "creating .venv" not in again
+
+
+def test_a_failed_step_says_which_and_why_in_one_line(clone):
+    out = make(clone, "torch", TORCH_SPEC="torch==0.0.1", TORCH_INDEX=(clone / "no-index").as_uri())
+    assert out.returncode != 0
+    lines = out.stdout.splitlines()
+    assert [line for line in lines if " failed: " in line] == lines[-1:], out.stdout
+    assert lines[-1].startswith("make: installing torch: pip install torch==0.0.1 --index-url file://")
+    assert " failed: ERROR: Cannot install torch==0.0.1" in lines[-1], out.stdout
+    assert lines[-1].endswith("(all of it: .venv/make.log)")
+    assert not (clone / ".venv/.torch").exists()  # the next `make` tries again
+    missing = make(clone, "demo", python="/nonexistent/python3")  # .venv is there, torch is not
+    assert missing.returncode != 0 and "cannot run rocm_yolo/gpu/wheels.py" in missing.stdout
+    shutil.rmtree(clone / ".venv")
+    missing = make(clone, "demo", python="/nonexistent/python3")
+    assert missing.returncode != 0 and "cannot run rocm_yolo/gpu/wheels.py" in missing.stdout
+
+
+def test_ci_runs_make_test_and_the_readme_shows_what_make_runs():
+    ci = (ROOT / ".ci/run").read_text()
+    assert re.search(r"^make test$", ci, re.M)
+    readme = (ROOT / "README.md").read_text()
+    first_screen = "\n".join(readme.splitlines()[:40])
+    assert "make demo" in first_screen and "make test" in first_screen
+    recipes = (ROOT / "Makefile").read_text()
+    demo = re.search(r"^demo:.*\n\t\$\(VENV\)/bin/(.+)$", recipes, re.M)[1]
+    test = re.search(r"^test:.*\n\t\$\(PY\) (.+)$", recipes, re.M)[1]
+    assert demo in readme and f"python {test}" in readme
