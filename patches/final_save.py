@@ -14,7 +14,9 @@ fsynced and renamed over it. A stop leaves the old file or the new one, both loa
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import os
 from pathlib import Path
 
@@ -40,7 +42,7 @@ def install(run_dir: str | os.PathLike) -> None:
         target = Path(s or f)
         tmp = temporary(target)
         try:
-            with hooks.final_save(target.name, paths):  # tests: a stop halfway through this rewrite
+            with hooks.final_save(target.name, paths), _log_names(tmp, target, named=bool(s)):
                 result = current(f, s=str(tmp), updates=updates)
             if tmp.exists():  # not when f was no Ultralytics checkpoint: nothing was written
                 replace_durably(tmp, target)
@@ -52,6 +54,24 @@ def install(run_dir: str | os.PathLike) -> None:
     strip_optimizer.__rocm_yolo_patch__ = True
     module.strip_optimizer = strip_optimizer
     _module, _original = module, current
+
+
+@contextlib.contextmanager
+def _log_names(tmp: Path, target: Path, named: bool):
+    """Ultralytics' "Optimizer stripped from F, saved as S" line names the file the user sees, not ``tmp``."""
+
+    def rename(record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and str(tmp) in record.msg:
+            msg = record.msg if named else record.msg.replace(f" saved as {tmp},", "")
+            record.msg = msg.replace(str(tmp), str(target))
+        return True
+
+    logger = logging.getLogger("ultralytics")
+    logger.addFilter(rename)
+    try:
+        yield
+    finally:
+        logger.removeFilter(rename)
 
 
 def uninstall() -> None:

@@ -7,6 +7,7 @@ training child is started fresh rather than forked from a process holding GPU st
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 import time
@@ -53,7 +54,7 @@ def _add_train(sub) -> None:
     p.add_argument("--epochs", type=int, metavar="N")
     p.add_argument("--imgsz", type=int, metavar="N")
     p.add_argument("--batch", type=float, metavar="N", help="batch size (-1 for AutoBatch)")
-    p.add_argument("--device", metavar="D", help="cpu, 0, 0,1, ... (default: Ultralytics' choice)")
+    p.add_argument("--device", metavar="D", help="cpu, 0, 1, ...: one device (default: Ultralytics' choice)")
     p.add_argument("--project", metavar="DIR", help="output directory (default: runs/TASK, e.g. runs/detect)")
     p.add_argument("--name", metavar="NAME", help="run name (default: train, train-2, ...)")
     p.add_argument(
@@ -114,6 +115,7 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"rocm-yolo {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     _add_train(sub)
+    parser.commands = sub.choices  # each command's own parser: its errors point to its own --help
     sub.add_parser("profiles", help="list the settings profiles with every setting")
     st = sub.add_parser("status", help="progress and health of a run (readable while it trains)")
     st.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="run directory (default: the newest under runs/)")
@@ -189,18 +191,33 @@ def cmd_train(args) -> int:
         extra=extra,
     )
     started = time.time()
+    trained_before = _count_epochs(spec.paths.results) if spec.resume else 0
     result = launch.run(spec, config, user_resume=resume is not None)
-    _say_how_it_ended(result, started)
+    _say_how_it_ended(result, started, trained_before)
+    if data == "demo" and result.exit_code == errors.OK:
+        print(DEMO_NEXT, file=sys.stderr)
     return result.exit_code
 
 
-def _say_how_it_ended(result, started: float) -> None:
+DEMO_NEXT = """\
+rocm-yolo: the demo's scores (P, R, mAP) stay near 0 after a few epochs on its 32 toy images: expected; it shows
+that training, validation and checkpoints work on this machine. Next:
+  rocm-yolo train data.yaml --device 0         your own data set (a YOLO dataset YAML), on the first GPU
+  rocm-yolo status                             the newest run's progress and health, also while it trains
+  rocm-yolo train --resume                     continue the newest stopped run where it stopped
+  rocm-yolo doctor data.yaml                   check this machine and a data set before spending GPU hours"""
+
+
+def _say_how_it_ended(result, started: float, trained_before: int = 0) -> None:
     from rocm_yolo.run.paths import RunPaths
     from rocm_yolo.supervisor.states import State
 
     paths = RunPaths(result.run_dir)
     if result.state == State.FINISHED:
         epochs = _count_epochs(paths.results)
+        trained = f"{epochs} epoch{'s' if epochs != 1 else ''}"
+        if 0 < trained_before < epochs:  # a resume: the epochs of this run, not the run's whole count
+            trained = f"epochs {trained_before + 1}-{epochs}" if epochs > trained_before + 1 else f"epoch {epochs}"
         retrained = sum(r.get("retrained_batches") or 0 for r in result.recoveries)
         extra = (
             f", {result.restarts} restart(s) ({retrained:,} batches trained again), "
@@ -209,7 +226,7 @@ def _say_how_it_ended(result, started: float) -> None:
             else ""
         )
         print(
-            f"rocm-yolo: done: {epochs} epoch{'s' if epochs != 1 else ''} in {time.time() - started:.1f} s{extra}; "
+            f"rocm-yolo: done: {trained} in {time.time() - started:.1f} s{extra}; "
             f"weights: {paths.last} and {paths.best}",
             file=sys.stderr,
         )
@@ -243,6 +260,14 @@ def _join_option_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _unrecognized(parser: Parser, stray: list[str]) -> None:
+    """The unknown arguments, with the option meant where one is close (``--epocs`` -> ``--epochs``)."""
+    options = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+    close = [m for x in stray if x.startswith("--") for m in difflib.get_close_matches(x.split("=")[0], options, 1)]
+    hint = f" (did you mean {' '.join(close)}?)" if close else ""
+    parser.error(f"unrecognized arguments: {' '.join(stray)}{hint}")
+
+
 def _quiet_stdout() -> None:
     """Point stdout at /dev/null, so the interpreter's last flush does not fail on the closed pipe again."""
     try:
@@ -258,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     # KEY=VALUE may come after options (argparse stops collecting positionals at the first option).
     stray = [x for x in extras if x.startswith("-") or "=" not in x or args.command != "train"]
     if stray:
-        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+        _unrecognized(parser.commands.get(args.command, parser), stray)
     if args.command == "train":
         args.overrides = [*args.overrides, *extras]
     if args.command is None:

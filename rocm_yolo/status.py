@@ -78,13 +78,16 @@ def render(info: dict) -> str:
         f"run:       {info['run_dir']}",
         f"state:     {info['state']}" + (f" (restarted {info['restarts']} times)" if info.get("restarts") else ""),
     ]
-    if "epoch" in info:
+    if "epoch" in info and info["phase"] == "done":  # its last batch and speed were the final validation's
+        lines.append(f"progress:  done after epoch {info['epoch']}/{info['epochs']}")
+    elif "epoch" in info:
         lines.append(
             f"progress:  epoch {info['epoch']}/{info['epochs']}, "
             f"{info['phase']} batch {info['batch']}/{info['batches']}"
         )
         eta = info.get("eta_seconds")
         lines.append(f"speed:     {info['it_s']:.2f} it/s" + (f", ETA {_hms(eta)}" if eta is not None else ""))
+    if "epoch" in info:
         lines.append(
             f"heartbeat: {info['heartbeat_age']:.0f} s ago (attempt {info['attempt']}, profile {info['profile']})"
         )

@@ -22,6 +22,7 @@ from rocm_yolo.doctor.report import (
     OK,
     SKIP,
     SYMBOLS,
+    TRAIN_SIZES,
     Options,
     Row,
     conclusion,
@@ -30,6 +31,7 @@ from rocm_yolo.doctor.report import (
     report_dict,
 )
 from rocm_yolo.errors import UsageError
+from rocm_yolo.launch.demo import DEMO_DEFAULTS
 from rocm_yolo.run.profiles import DEFAULT_PROFILE, PROFILES
 from rocm_yolo.ultralytics_rules.tasks import CLASSIFY, DETECT, OBB, POSE, SEGMENT
 
@@ -53,10 +55,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--workers", type=int, default=None, help="DataLoader workers to test (default: the profile's)")
     parser.add_argument(
-        "--batch", type=int, default=16, help="batch size for the shared-memory estimate and loader test (16)"
+        "--batch",
+        type=int,
+        default=None,
+        help=f"batch size for the shared-memory estimate and loader test (default {TRAIN_SIZES['batch']}; "
+        f"for demo: {DEMO_DEFAULTS['batch']})",
     )
     parser.add_argument(
-        "--imgsz", type=int, default=640, help="training image size for the shared-memory estimate (640)"
+        "--imgsz",
+        type=int,
+        default=None,
+        help=f"training image size for the shared-memory estimate (default {TRAIN_SIZES['imgsz']}; "
+        f"for demo: {DEMO_DEFAULTS['imgsz']})",
     )
     parser.add_argument(
         "--profile",
@@ -81,10 +91,13 @@ def options_from_args(args: argparse.Namespace) -> Options:
         raise UsageError(f"--skip: unknown check {', '.join(sorted(unknown))}: choose from {','.join(CHECKS)}")
     if args.workers is not None and args.workers < 0:
         raise UsageError(f"--workers {args.workers} must be >= 0")
-    if args.batch < 1:
-        raise UsageError(f"--batch {args.batch} must be >= 1")
-    if args.imgsz < 32:
-        raise UsageError(f"--imgsz {args.imgsz} must be >= 32")
+    sizes = DEMO_DEFAULTS if args.data == "demo" else TRAIN_SIZES  # what the training run would use
+    batch = sizes["batch"] if args.batch is None else args.batch
+    imgsz = sizes["imgsz"] if args.imgsz is None else args.imgsz
+    if batch < 1:
+        raise UsageError(f"--batch {batch} must be >= 1")
+    if imgsz < 32:
+        raise UsageError(f"--imgsz {imgsz} must be >= 32")
     if args.timeout <= 0:
         raise UsageError(f"--timeout {args.timeout:g} must be > 0 seconds")
     if args.profile not in PROFILES:
@@ -106,8 +119,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         data=data,
         task=getattr(args, "task", None),
         workers=args.workers,
-        batch=args.batch,
-        imgsz=args.imgsz,
+        batch=batch,
+        imgsz=imgsz,
         profile=args.profile,
         timeout=float(args.timeout),
         skip=skip,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -21,6 +22,7 @@ from rocm_yolo.doctor.report import FAIL, OK, SKIP, WARN, Options, Row, loader_p
 from rocm_yolo.supervisor.proctree import run_bounded
 
 _EVENT = "@@doctor "
+MULTI_NAME = "DataLoader workers"
 
 
 def loader_skipped(opts: Options, why: str) -> Iterator[Row]:
@@ -39,11 +41,17 @@ def probe_worker_init(worker_id: int) -> None:
 
 
 def probe_main(spec_file: str) -> None:
-    """Build Ultralytics' dataset and load a few batches, reporting progress as events."""
+    """Build Ultralytics' dataset and load a few batches, reporting progress as events; workers start as
+    training starts them (by default forked from the preloaded fork server, started before torch)."""
     import multiprocessing
 
     multiprocessing.set_start_method("spawn", force=True)  # as the training child does, before torch
     spec = json.loads(Path(spec_file).read_text())
+    method = spec.get("start_method", "forkserver")
+    if spec["workers"] and method == "forkserver":
+        from rocm_yolo.trainer import forkserver
+
+        forkserver.start(spec["run_dir"])  # records itself in RUN/rocm_yolo/forkserver.json, as in training
     _emit("start")
     import torch
     from ultralytics.cfg import get_cfg
@@ -83,14 +91,15 @@ def probe_main(spec_file: str) -> None:
                     prefetch_factor=spec["prefetch"],
                     pin_memory=False,
                     timeout=0,
+                    start_method=method,
                 )
             )
             patch = "installed"
         except ImportError:
             pass
-        _emit("patch", state=patch)
+        _emit("patch", state=patch, start_method=method)
         kwargs = {
-            "multiprocessing_context": "spawn",
+            "multiprocessing_context": method,
             "prefetch_factor": spec["prefetch"],
             "worker_init_fn": probe_worker_init,
         }
@@ -140,8 +149,9 @@ def _events(text: str) -> list[dict]:
 
 def run_probe(opts: Options, spec: dict, build_timeout: float) -> ProbeResult:
     """One probe step; its clock: ``build_timeout`` until the data set is built, then ``opts.timeout``."""
+    run_dir = tempfile.mkdtemp(prefix="rocm-yolo-doctor-")  # the fork server's record goes here
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(spec, f)
+        json.dump(dict(spec, run_dir=run_dir), f)
     code = "import sys; from rocm_yolo.doctor.loader import probe_main; probe_main(sys.argv[1])"
     try:  # the step's own clock starts when the data set is built
         outcome = run_bounded(
@@ -152,6 +162,7 @@ def run_probe(opts: Options, spec: dict, build_timeout: float) -> ProbeResult:
         )
     finally:
         os.unlink(f.name)
+        shutil.rmtree(run_dir, ignore_errors=True)
     events = _events(outcome.stdout)
     tail = outcome.tail(4)
     if outcome.timed_out:
@@ -179,6 +190,7 @@ def check_loader(opts: Options, data: dict, torch_error: str | None = None) -> I
         imgsz=min(opts.imgsz, 160),
         batch=batch,
         prefetch=plan["prefetch"] or 2,
+        start_method=plan["start_method"],
     )
     build_timeout = max(opts.timeout, 300.0)
     single = run_probe(opts, dict(base, workers=0, batches=3), build_timeout)
@@ -186,18 +198,23 @@ def check_loader(opts: Options, data: dict, torch_error: str | None = None) -> I
     if single.state != "ok":
         reason = "the single-process load failed" if single.state != "timeout" else "the single-process load hung"
         if workers:
-            yield Row("loader.multi", "DataLoader spawn", SKIP, f"skipped: {reason}")
+            yield Row("loader.multi", MULTI_NAME, SKIP, f"skipped: {reason}")
         return
     if workers == 0:
         yield Row(
             "loader.multi",
-            "DataLoader spawn",
+            MULTI_NAME,
             SKIP,
             "workers=0: no worker processes to test (--workers N to test them)",
         )
         return
     multi = run_probe(opts, dict(base, workers=workers, batches=max(3, 2 * workers)), build_timeout)
     yield from _multi_rows(opts, single, multi, workers)
+
+
+def plan_method(r: ProbeResult) -> str:
+    """How the probe's workers were started: ``forkserver`` (preloaded, as in training), ``spawn``, ..."""
+    return (r.first("patch") or {}).get("start_method") or "forkserver"
 
 
 def _took(result: ProbeResult, kind: str) -> float | None:
@@ -242,7 +259,7 @@ def _single_row(opts: Options, r: ProbeResult) -> Row:
 
 
 def _multi_rows(opts: Options, single: ProbeResult, r: ProbeResult, workers: int) -> Iterator[Row]:
-    name, check = "DataLoader spawn", "loader.multi"
+    name, check = MULTI_NAME, "loader.multi"
     up = r.all("worker")
     patch = (r.first("patch") or {}).get("state", "?")
     data = {
@@ -252,7 +269,8 @@ def _multi_rows(opts: Options, single: ProbeResult, r: ProbeResult, workers: int
         "patch": patch,
         "seconds": round(r.seconds, 2),
     }
-    label = f"{workers} spawn worker{'s' if workers > 1 else ''}"
+    method = plan_method(r)
+    label = f"{workers} {method} worker{'s' if workers > 1 else ''}"
     if r.state == "ok":
         n = len(r.all("batch"))
         yield Row(check, name, OK, f"{label}: {plural(n, 'batch')}", data=data)
@@ -289,7 +307,11 @@ def _multi_rows(opts: Options, single: ProbeResult, r: ProbeResult, workers: int
             "worker start-up",
             status,
             found,
-            "slow start-up: each spawned worker imports torch; fewer --workers start faster"
+            (
+                "slow start-up: each spawned worker imports torch; fewer --workers start faster"
+                if method == "spawn"
+                else "slow start-up: is the machine short of memory or CPU? fewer --workers start faster"
+            )
             if status == WARN
             else None,
             data={"startup": round(startup, 2), "first_batch": first and round(first, 2)},

@@ -28,6 +28,9 @@ _COLOURS = {OK: "\033[32m", WARN: "\033[33m", FAIL: "\033[31m", SKIP: "\033[2m"}
 CHECKS = ("versions", "gpu", "shm", "start", "data", "loader", "conv", "kernel")
 
 
+TRAIN_SIZES = {"batch": 16, "imgsz": 640}  # Ultralytics' train defaults: what the shared-memory estimate assumes
+
+
 @dataclass
 class Row:
     """One line of the report."""
@@ -48,8 +51,8 @@ class Options:
     data: Path | None = None  # a dataset YAML, or a class-per-folder directory (classification)
     task: str | None = None  # what the data is checked for; None: what the data says (doctor.data.data_task)
     workers: int | None = None  # None: the profile's default
-    batch: int = 16
-    imgsz: int = 640
+    batch: int = TRAIN_SIZES["batch"]
+    imgsz: int = TRAIN_SIZES["imgsz"]
     profile: str = DEFAULT_PROFILE
     timeout: float = 120.0  # per subprocess step (DataLoader: from the moment the data set is built)
     skip: frozenset = frozenset()
@@ -84,6 +87,7 @@ def loader_plan(opts: Options) -> dict:
         "workers": s.workers,
         "val_workers": val_workers if s.workers else 0,
         "prefetch": s.prefetch_factor or 0,
+        "start_method": s.start_method,
         "warnings": list(resolved.warnings),
     }
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from rocm_yolo.run.paths import demo_dir
 
 DEMO_VERSION = 1
+DEMO_DEFAULTS = {"imgsz": 64, "batch": 8, "plots": False}  # sized for a CPU: 2 epochs in well under a minute
 CLASSES = ("square", "circle", "triangle")
 COLOURS = ((230, 60, 60), (60, 200, 60), (60, 90, 230))  # BGR, one per class
 

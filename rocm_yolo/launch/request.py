@@ -16,6 +16,7 @@ from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
 from rocm_yolo.errors import UsageError
 from rocm_yolo.launch import resume as resumes
 from rocm_yolo.launch.data import default_model, resolve_data
+from rocm_yolo.launch.demo import DEMO_DEFAULTS
 from rocm_yolo.run.interval import DEFAULT_CHECKPOINT_INTERVAL, CheckpointInterval, parse_interval
 from rocm_yolo.run.profiles import DEFAULT_PROFILE, LOADER_KEYS, resolve
 from rocm_yolo.run.spec import RunSpec, next_attempt
@@ -25,7 +26,6 @@ from rocm_yolo.ultralytics_rules.tasks import task_for_model
 # Flags that are also Ultralytics train arguments (KEY=VALUE may not set them a second time).
 FLAG_KEYS = ("model", "workers", "epochs", "imgsz", "batch", "device", "project", "name")
 NOT_KEYS = {"mode": "rocm-yolo always trains", "task": "the task follows the model", "resume": "use --resume [LAST_PT]"}
-DEMO_DEFAULTS = {"imgsz": 64, "batch": 8, "plots": False}  # sized for a CPU: 2 epochs in well under a minute
 
 
 def parse_key_values(items: list[str]) -> dict[str, Any]:
@@ -268,6 +268,12 @@ def _resumed_run(req: Request, resume: str | bool, project_dir: Path) -> RunSpec
         train_args = {"data": data_path}  # a moved data set: say where it is now
     else:
         data_path, train_args = (previous.data if previous else ""), {}
+    if req.flags["device"] is None and "device" not in req.extra:
+        # the one Ultralytics resumes on (from the checkpoint): the header and the presets follow it
+        device = (previous.train_args.get("device") if previous else None) or resumes.trained_on(last)
+        check_device(device)
+        if device is not None:
+            train_args["device"] = device
     return _finish(
         req,
         data_path=data_path,

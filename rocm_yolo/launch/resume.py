@@ -79,6 +79,13 @@ def carry_over(req: "Request", run_dir: Path) -> RunSpec | None:
     return previous
 
 
+def trained_on(last: Path) -> str | None:
+    """The device the run was trained on, as its checkpoint records it (Ultralytics' resume takes it from there)."""
+    found = summary(last) if last.exists() else None
+    device = (found.train_args if found else {}).get("device")
+    return None if device is None or str(device).strip() == "" else str(device)
+
+
 def resume_point(named: Path) -> checkpoints.ResumePoint:
     """Where a resume starts, changing nothing: a mid-epoch checkpoint named by the user, else the run's
     newest valid one. Raises :class:`UsageError` when it has none, or when its run has finished."""

@@ -295,7 +295,8 @@ def _workers(profile: Profile, workers: object | None, cpus: int, warnings: list
                 f"workers: workers={requested} -> {n}"
             )
     if n > cpus:
-        warnings.append(f"workers={n} is more than the {cpus} CPUs here: capped at {cpus}")
+        if workers is not None:  # the profile's default is capped without a word: the user set nothing
+            warnings.append(f"workers={n} is more than the {cpus} CPUs here: capped at {cpus}")
         n = cpus
     return requested, n
 

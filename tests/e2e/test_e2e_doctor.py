@@ -19,7 +19,7 @@ def _loader_skip():
 
 
 @pytest.mark.e2e
-def test_healthy_loader_single_and_spawn(demo, capsys):
+def test_healthy_loader_single_and_forkserver_workers(demo, capsys):
     before = descendants()
     code = doctor.main(
         [str(demo), "--workers", "1", "--batch", "2", "--timeout", "60", "--json", "--skip", _loader_skip()]
@@ -28,6 +28,7 @@ def test_healthy_loader_single_and_spawn(demo, capsys):
     rows = {r["check"]: r for r in report["rows"]}
     assert code == 0 and report["exit_code"] == 0, report
     assert rows["loader.single"]["status"] == OK and rows["loader.multi"]["status"] == OK
+    assert rows["loader.multi"]["found"].startswith("1 forkserver worker: ")  # as training starts them
     assert rows["loader.startup"]["status"] == OK
     assert descendants() <= before
 

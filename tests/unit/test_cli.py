@@ -26,6 +26,7 @@ def test_help_lists_commands_and_exit_codes():
     assert t.returncode == 0
     for flag in ("--workers", "--profile", "--resume", "--stall-timeout", "--max-restarts", "--fallback", "KEY=VALUE"):
         assert flag in t.stdout
+    assert "0,1" not in t.stdout  # one device: a list is refused (see the --device help)
 
 
 def test_profiles_command_lists_every_setting():
@@ -61,6 +62,7 @@ def test_profiles_command_lists_every_setting():
         (["resume=True"], "use --resume"),
         (["--conv", "magic"], "invalid choice: 'magic'"),
         (["workers=2", "--workers", "3"], "'workers' is given twice"),
+        (["--epocs", "2"], "unrecognized arguments: --epocs 2 (did you mean --epochs?) (see 'rocm-yolo train --help')"),
     ],
 )
 def test_usage_errors_are_one_line_exit_2(args, message, tiny_data, tmp_path):

@@ -97,6 +97,13 @@ def test_a_running_run_shows_progress_speed_eta_and_its_restarts(tmp_path):
     ) in text
 
 
+def test_a_finished_run_says_done_without_the_final_validations_batch_and_speed(tmp_path):
+    paths = write_run(tmp_path, state="finished", phase="done")
+    text = status.render(status.collect(paths.run_dir, now=NOW))
+    assert "state:     finished" in text and "progress:  done after epoch 2/3" in text
+    assert "batch" not in text.split("progress:")[1].splitlines()[0] and "it/s" not in text and "ETA" not in text
+
+
 def test_a_supervisor_that_is_gone_is_stopped_not_running(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

@@ -61,6 +61,8 @@ def test_workers_above_cpu_count_warn_and_cap():
     r = resolve("fast", 64, cpu_count=2)
     assert r.loader.workers == 2
     assert any("more than the 2 CPUs" in w for w in r.warnings)
+    default = resolve("fast", None, cpu_count=2)  # the profile's default of 4, which the user never set
+    assert default.loader.workers == 2 and not default.warnings
 
 
 @pytest.mark.parametrize(
