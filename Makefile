@@ -13,6 +13,7 @@ TORCH_INDEX ?=
 SOURCES := $(shell find rocm_yolo patches -name '*.py' 2>/dev/null)
 # What pip gets for torch on this machine, shell-quoted (read at parse time, so `make -n` shows it).
 TORCH_ARGS := $(shell TORCH_SPEC='$(TORCH_SPEC)' TORCH_INDEX='$(TORCH_INDEX)' PYTHONPATH=. $(PYTHON) -m rocm_yolo.gpu.wheels --pip-args 2>/dev/null)
+TORCH_WHY := $(shell TORCH_SPEC='$(TORCH_SPEC)' TORCH_INDEX='$(TORCH_INDEX)' PYTHONPATH=. $(PYTHON) -m rocm_yolo.gpu.wheels --why 2>/dev/null)
 
 # $(call step,WHAT,COMMAND): run COMMAND, its output kept in $(LOG); on failure one line: which step, and why
 # (the step's first error line, else its last line).
@@ -35,6 +36,9 @@ test: $(VENV)/.project-test ## set up with the test extras (first time), then ru
 
 torch: $(VENV)/.torch ## only set up .venv and torch
 
+# the installed torch and torchvision as pip sees them (their metadata: torch.__version__ may add +cu130)
+export HOLD_TORCH := from importlib import metadata as m; [print(f"{d}=={m.version(d)}") for d in ("torch", "torchvision") if any(True for _ in m.distributions(name=d))]
+
 # the torch choice is needed: without it no step can be right
 have_choice = test -n "$(TORCH_ARGS)" || { echo "make: $(PYTHON) cannot run rocm_yolo/gpu/wheels.py: is Python 3.9+ installed as $(PYTHON)?"; exit 1; }
 
@@ -48,9 +52,10 @@ $(VENV)/.torch: | $(PY)
 		echo "make: torch $$($(PY) -c 'import torch; print(torch.__version__)') is already in $(VENV): kept (rocm-yolo doctor says whether it fits this machine)"; \
 	else \
 		$(have_choice); \
+		echo "make: torch for this machine: $(TORCH_WHY)"; \
 		$(call step,installing torch: pip install $(TORCH_ARGS),$(PY) -m pip install --quiet $(TORCH_ARGS)); \
 	fi
-	@$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/constraints.txt
+	@$(PY) -c "$$HOLD_TORCH" > $(VENV)/constraints.txt
 	@touch $@
 
 # A regular install (a wheel, as users get it), again whenever the sources change; the torch of .venv is

@@ -2,5 +2,6 @@
 
 - :mod:`.arch`: the GPUs of the KFD topology in sysfs, and gfx names;
 - :mod:`.torch_build`: the installed torch's build, read without importing it;
+- :mod:`.wheels`: which torch to install for the GPUs found (the Makefile, the doctor and the README use it);
 - :mod:`.presets`: per-architecture presets (gfx101x) and the run header's lines about them.
 """

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping
 
-from rocm_yolo.gpu.arch import detect_gpus, family
+from rocm_yolo.gpu.arch import detect_gpus, family, gfx_name, parse_override
 
 AMD_INDEX = "https://stable.repo.amd.com/rocm/whl-next/"  # Ultralytics' AMD guide, read 2026-11-24
 READ_ON = "2026-11-24"
@@ -58,7 +58,8 @@ AMD_WHEEL_ARCHS = {
 
 @dataclass(frozen=True)
 class Override:
-    """What is known of ``HSA_OVERRIDE_GFX_VERSION`` for one architecture family, with its public sources."""
+    """What is known of ``HSA_OVERRIDE_GFX_VERSION`` for one architecture family, with its public sources
+    (docs/torch.md lists them with the date they were read)."""
 
     good: str | None  # a value reported to work (with a build carrying that architecture's code)
     crashes: tuple[str, ...]  # values reported to crash cards of the family
@@ -107,9 +108,12 @@ def override_note(arch: str) -> str:
     distro = "a distribution's ROCm build of torch that carries its code (e.g. PYTORCH_ROCM_ARCH=" + arch + ")"
     if known is None or known.good is None:
         return f"AMD publishes no torch wheels for {arch}: use {distro}"
+    runs_as = gfx_name(parse_override(known.good))
+    wheels = f"AMD's {runs_as} wheels" if runs_as in AMD_WHEEL_ARCHS else f"a torch with {runs_as} code"
     return (
-        f"AMD publishes no torch wheels for {arch}: use {distro}, or HSA_OVERRIDE_GFX_VERSION={known.good} "
-        f"(runs the card as another architecture: a wrong value faults or hangs the GPU; {known.source})"
+        f"AMD publishes no torch wheels for {arch}: use {distro}, or {wheels} with "
+        f"HSA_OVERRIDE_GFX_VERSION={known.good}, which runs the card as {runs_as} (a wrong value faults or hangs "
+        f"the GPU; {known.source})"
     )
 
 
@@ -125,7 +129,12 @@ def choose(archs: list[str], env: Mapping[str, str] = os.environ) -> TorchChoice
     if not wheels:
         return TorchChoice(("torch", "torchvision"), None, override_note(missing[0]), tuple(archs))
     extras = ",".join(f"device-{a}" for a in wheels)
-    why = f"AMD's wheels for {', '.join(wheels)}" + (f" ({override_note(missing[0])})" if missing else "")
+    untested = [a for a in wheels if AMD_WHEEL_ARCHS[a] == "built"]
+    why = f"AMD's wheels for {', '.join(wheels)}"
+    if untested:  # TheRock: "Build Passing" alone does not imply the runtime works on the card
+        why += f"; {', '.join(untested)}: built by AMD but not yet sanity-tested, watch the first run"
+    if missing:
+        why += f"; {override_note(missing[0])}"
     return TorchChoice((f"torch[{extras}]", f"torchvision[{extras}]"), AMD_INDEX, why, tuple(archs))
 
 
@@ -137,9 +146,13 @@ def for_this_machine(env: Mapping[str, str] = os.environ, root=None) -> TorchCho
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rocm_yolo.gpu.wheels", description=__doc__.splitlines()[0])
     parser.add_argument("--pip-args", action="store_true", help="print pip's arguments, shell-quoted")
+    parser.add_argument("--why", action="store_true", help="print why this torch")
     args = parser.parse_args(argv)
     choice = for_this_machine()
-    print(shlex.join(choice.pip_args()) if args.pip_args else f"{choice.command()}   # {choice.why}")
+    if args.pip_args or args.why:
+        print(shlex.join(choice.pip_args()) if args.pip_args else choice.why)
+    else:
+        print(f"{choice.command()}   # {choice.why}")
     return 0
 
 

@@ -82,6 +82,7 @@ def test_each_card_gets_its_torch_in_the_makefile_and_the_doctor(card, clone, tm
     dry = make(clone, "-n", "demo", kfd=nodes)
     assert dry.returncode == 0, dry.stderr
     assert f"-m pip install --quiet {pip_args} )" in dry.stdout
+    assert f"make: torch for this machine: {wheels.for_this_machine(env={}, root=nodes).why}" in dry.stdout
     assert "make: creating .venv" in dry.stdout and "pip install --quiet -c .venv/constraints.txt ." in dry.stdout
     row = {r.check: r for r in doctor_system.check_versions(Options(root=tmp_path), gpus)}["versions.torch"]
     if doctor_system.torch_kind(doctor_system.torch_build()) == "hip":
@@ -99,8 +100,9 @@ def test_a_card_without_amd_wheels_is_told_what_remains(clone, tmp_path):
     assert choice.advice().startswith("AMD publishes no torch wheels for gfx90c: use a distribution's ROCm build")
     dry = make(clone, "-n", "demo", kfd=nodes)
     assert "-m pip install --quiet torch torchvision )" in dry.stdout
+    assert "make: torch for this machine: AMD publishes no torch wheels for gfx90c" in dry.stdout
     known = wheels.override_note("gfx1013")  # a gfx101x without wheels: the family's known value and its source
-    assert "HSA_OVERRIDE_GFX_VERSION=10.1.0" in known and "ROCm/legacy-rocm-build#887" in known
+    assert "AMD's gfx1010 wheels with HSA_OVERRIDE_GFX_VERSION=10.1.0" in known and "legacy-rocm-build#887" in known
 
 
 def test_two_cards_get_both_architectures_and_torch_spec_overrides(clone, tmp_path):
