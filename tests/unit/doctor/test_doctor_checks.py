@@ -357,3 +357,16 @@ def test_doctor_command_on_a_classification_folder(task_data, tmp_path):
         timeout=120,
     )
     assert wrong.returncode == 1 and "is a directory: that is classification data" in wrong.stdout
+
+
+def test_a_rocm_torch_without_the_cards_code_gets_the_install_line_for_the_card():
+    row = doctor_gpu._torch_arch_row("gfx1010", "gfx1010", ["gfx1030", "gfx1100"])  # pytorch.org's ROCm wheels
+    assert row.status == FAIL and "has no gfx1010 code" in row.found
+    assert row.fix == (
+        "install AMD's wheels for gfx1010: pip install 'torch[device-gfx1010]' 'torchvision[device-gfx1010]' "
+        "--index-url https://stable.repo.amd.com/rocm/whl-next/"
+    )
+    apu = doctor_gpu._torch_arch_row("gfx90c", "gfx90c", ["gfx900", "gfx906"])  # no wheels: a build, or the override
+    assert apu.fix.startswith("AMD publishes no torch wheels for gfx90c")
+    assert apu.fix.endswith("with this torch, try HSA_OVERRIDE_GFX_VERSION=9.0.0 (runs it as gfx900)")
+    assert doctor_gpu._torch_arch_row("gfx1010", "gfx1010", ["gfx1010", "gfx1030"]).status == OK
