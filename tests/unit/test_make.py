@@ -59,7 +59,11 @@ def clone(tmp_path) -> Path:
 
 
 def make(clone: Path, *args: str, kfd: Path | None = None, python: str = sys.executable, **env: str):
-    environ = {k: v for k, v in os.environ.items() if k not in ("TORCH_SPEC", "TORCH_INDEX", "MAKEFLAGS")}
+    # as from a shell: not as a sub-make of `make test` (CI), which would print "make[1]: Entering directory"
+    environ = {
+        k: v for k, v in os.environ.items() if k not in ("TORCH_SPEC", "TORCH_INDEX") and not k.startswith("MAKE")
+    }
+    environ.pop("MFLAGS", None)
     environ.update(env, ROCM_YOLO_KFD_ROOT=str(kfd or clone / "no-kfd"))
     return subprocess.run(
         ["make", f"PYTHON={python}", *args],
