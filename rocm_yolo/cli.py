@@ -54,7 +54,12 @@ def _add_train(sub) -> None:
     p.add_argument("--epochs", type=int, metavar="N")
     p.add_argument("--imgsz", type=int, metavar="N")
     p.add_argument("--batch", type=float, metavar="N", help="batch size (-1 for AutoBatch)")
-    p.add_argument("--device", metavar="D", help="cpu, 0, 1, ...: one device (default: Ultralytics' choice)")
+    p.add_argument(
+        "--device",
+        metavar="D",
+        help="cpu, 0, 1, ..., or 0,1 for several GPUs (Ultralytics' DDP, one rank per GPU; batch divides by them) "
+        "(default: Ultralytics' choice)",
+    )
     p.add_argument("--project", metavar="DIR", help="output directory (default: runs/TASK, e.g. runs/detect)")
     p.add_argument("--name", metavar="NAME", help="run name (default: train, train-2, ...)")
     p.add_argument(
@@ -76,7 +81,10 @@ def _add_train(sub) -> None:
         help="write a mid-epoch checkpoint this often: 30s, 10m, 1h, 500ba (batches), or 0 for never "
         "(default: 10m; on resume: the run's); a hang then costs at most that much work",
     )
-    w = p.add_argument_group("watchdog")
+    _add_watchdog(p.add_argument_group("watchdog"))
+
+
+def _add_watchdog(w) -> None:
     w.add_argument("--no-watchdog", action="store_true", help="no stall detection and no automatic restarts")
     w.add_argument(
         "--stall-timeout",

@@ -70,7 +70,30 @@ def collect(run_dir: Path, now: float | None = None) -> dict:
         if hb.it_s > 0 and hb.batches and hb.epochs and hb.phase == "train":
             left = (hb.batches - hb.batch) + (hb.epochs - hb.epoch) * hb.batches
             info["eta_seconds"] = round(left / hb.it_s)
+    ranks = _ranks(RunPaths(run_dir), now) if info.get("phase") != "done" else []  # a finished run: rank 0 says it
+    if ranks:
+        info["ranks"] = ranks
     return info
+
+
+def _ranks(paths: RunPaths, now: float) -> list[dict]:
+    """A multi-GPU run's ranks above 0 (rank 0's heartbeat is the run's), each where it was last heard."""
+    found = []
+    for rank, path in paths.rank_heartbeats():
+        hb = heartbeat.read(path)
+        if hb is not None:
+            found.append(
+                {
+                    "rank": rank,
+                    "phase": hb.phase,
+                    "epoch": hb.epoch,
+                    "batch": hb.batch,
+                    "batches": hb.batches,
+                    "attempt": hb.attempt,
+                    "heartbeat_age": round(now - hb.time, 1),
+                }
+            )
+    return found
 
 
 def render(info: dict) -> str:
@@ -90,6 +113,11 @@ def render(info: dict) -> str:
     if "epoch" in info:
         lines.append(
             f"heartbeat: {info['heartbeat_age']:.0f} s ago (attempt {info['attempt']}, profile {info['profile']})"
+        )
+    for r in info.get("ranks") or []:
+        lines.append(
+            f"rank {r['rank']}:    epoch {r['epoch']}, {r['phase']} batch {r['batch']}/{r['batches']}, "
+            f"{r['heartbeat_age']:.0f} s ago (attempt {r['attempt']})"
         )
     lines.append(f"hangs:     {info['hangs']}, {info['lost_seconds']:.0f} s lost")
     for r in info.get("recoveries") or []:

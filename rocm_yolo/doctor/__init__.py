@@ -8,6 +8,7 @@ report. Torch-free: every check that needs torch runs in a subprocess under a ti
 - :mod:`.report`: rows, options, statuses, exit codes, the verdict and the output;
 - :mod:`.system`: versions, shared memory and open files, the start method, the kernel log;
 - :mod:`.gpu`: architecture, HSA override, device files and groups, torch's GPU code, the conv self-test;
+- :mod:`.multigpu`: for more than one GPU, each one's architecture and device, and RCCL's kernel options;
 - :mod:`.data`: every image and label of a data set, per task;
 - :mod:`.loader`: Ultralytics' dataset and a DataLoader, in a single process, then with workers.
 

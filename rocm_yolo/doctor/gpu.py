@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 from rocm_yolo.conv import selftest as convtest
+from rocm_yolo.doctor.multigpu import check_multi_gpu
 from rocm_yolo.doctor.report import FAIL, OK, SKIP, WARN, Options, Row
 from rocm_yolo.doctor.system import python_json
 from rocm_yolo.gpu import arch as gpu_arch
@@ -201,6 +202,7 @@ def check_gpu(opts: Options, gpus: list | None, why: str | None) -> Iterator[Row
     )
     yield override_row(gpus[0].arch, env_override)
     yield from _device_rows(opts, gpus)
+    yield from check_multi_gpu(opts, gpus)
 
 
 def _device_rows(opts: Options, gpus: list) -> Iterator[Row]:

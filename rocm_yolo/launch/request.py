@@ -17,6 +17,7 @@ from rocm_yolo.errors import UsageError
 from rocm_yolo.launch import resume as resumes
 from rocm_yolo.launch.data import default_model, resolve_data
 from rocm_yolo.launch.demo import DEMO_DEFAULTS
+from rocm_yolo.run import devices
 from rocm_yolo.run.interval import DEFAULT_CHECKPOINT_INTERVAL, CheckpointInterval, parse_interval
 from rocm_yolo.run.profiles import DEFAULT_PROFILE, LOADER_KEYS, resolve
 from rocm_yolo.run.spec import RunSpec, next_attempt
@@ -53,16 +54,15 @@ def check_name(name: str) -> str:
     return name
 
 
-def check_device(device: object) -> None:
-    """One GPU per run: Ultralytics' multi-GPU (DDP) ranks run without rocm-yolo's callbacks."""
-    text = str(device if device is not None else "").strip().strip("[]()")
-    ids = [x.strip() for x in text.split(",") if x.strip()]
-    if len(ids) > 1:
-        raise UsageError(
-            f"--device {device}: multi-GPU training is not supported yet (Ultralytics starts its DDP ranks "
-            "itself, where rocm-yolo cannot watch them or patch their DataLoaders); train on one GPU, "
-            f"e.g. --device {ids[0]}"
-        )
+def check_devices(device: object, batch: object, resumed: bool = False) -> None:
+    """Several GPUs (one DDP rank each): each named once, and a batch that divides by their number (a resume
+    that gives no batch keeps its run's, checked when it started)."""
+    ids = devices.gpu_ids(device)
+    if len(set(ids)) != len(ids):
+        raise UsageError(f"--device {device}: a GPU is named twice; name each once, e.g. --device {ids[0]}")
+    why = None if resumed and batch is None else devices.check_batch(batch, ids)
+    if why is not None:
+        raise UsageError(why)
 
 
 def _with_cfg_file(extra: dict, flags: dict, data: str | None) -> dict:
@@ -199,7 +199,6 @@ def make_spec(
     # Ultralytics' layout runs/TASK/NAME; a bare --resume looks through every task's runs
     project_dir = Path(req.flags["project"] or (Path("runs") / task if task else Path("runs"))).expanduser().resolve()
     run_name = check_name(str(req.flags["name"] or "train"))
-    check_device(req.flags["device"] if req.flags["device"] is not None else req.extra.get("device"))
     if resuming:
         return _resumed_run(req, resume, project_dir)
     return _new_run(req, model_name, task, project_dir / run_name)
@@ -221,6 +220,7 @@ def _finish(
         if req.flags[key] is not None:
             train_args[key] = req.flags[key]
     train_args.update(req.extra)
+    check_devices(train_args.get("device"), train_args.get("batch"), resumed=resume is not None)
     return RunSpec(
         data=data_path,
         model=model,
@@ -271,7 +271,6 @@ def _resumed_run(req: Request, resume: str | bool, project_dir: Path) -> RunSpec
     if req.flags["device"] is None and "device" not in req.extra:
         # the one Ultralytics resumes on (from the checkpoint): the header and the presets follow it
         device = (previous.train_args.get("device") if previous else None) or resumes.trained_on(last)
-        check_device(device)
         if device is not None:
             train_args["device"] = device
     return _finish(

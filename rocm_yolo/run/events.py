@@ -14,11 +14,16 @@ PREFIX = "rocm-yolo:"
 
 class RunLog:
     def __init__(
-        self, log_path: str | os.PathLike | None = None, events_path: str | os.PathLike | None = None, stream=None
+        self,
+        log_path: str | os.PathLike | None = None,
+        events_path: str | os.PathLike | None = None,
+        stream=None,
+        rank: int | None = None,
     ):
         self.log_path = Path(log_path) if log_path else None
         self.events_path = Path(events_path) if events_path else None
         self.stream = stream
+        self.rank = rank  # a DDP rank: its lines say which (rank 0 speaks for the run), its events carry it
 
     def _append(self, path: Path | None, text: str) -> None:
         if path is None:
@@ -31,6 +36,8 @@ class RunLog:
             pass
 
     def info(self, message: str) -> None:
+        if self.rank:
+            message = f"rank {self.rank}: {message}"
         stream = self.stream or sys.stderr
         try:
             print(f"{PREFIX} {message}", file=stream, flush=True)
@@ -44,6 +51,8 @@ class RunLog:
         if message:
             self.info(message)
         record = {"event": kind, "time": time.time(), "pid": os.getpid(), **fields}
+        if self.rank is not None:
+            record["rank"] = self.rank
         self._append(self.events_path, json.dumps(record, default=str) + "\n")
 
 

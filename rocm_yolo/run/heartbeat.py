@@ -38,6 +38,7 @@ class Heartbeat:
     it_s: float  # recent training speed, iterations per second
     time: float  # wall clock of the write
     started: float  # wall clock when this attempt started
+    rank: int = 0  # the DDP rank that wrote it (0 on one GPU); rank 0 speaks for the run
 
 
 _TYPES = {f.name: (float if f.type == "float" else int if f.type == "int" else str) for f in fields(Heartbeat)}
@@ -49,7 +50,10 @@ def parse(text: str | bytes) -> Heartbeat | None:
         data = json.loads(text)
     except ValueError:
         return None
-    if not isinstance(data, dict) or set(data) != set(_TYPES):
+    if not isinstance(data, dict):
+        return None
+    data.setdefault("rank", 0)  # a record of a version before multi-GPU runs
+    if set(data) != set(_TYPES):
         return None
     for key, kind in _TYPES.items():
         value = data[key]

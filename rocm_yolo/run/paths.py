@@ -118,6 +118,19 @@ class RunPaths:
     def heartbeat(self) -> Path:
         return self.state / "heartbeat.json"
 
+    def heartbeat_of(self, rank: int | None) -> Path:
+        """A rank's heartbeat file: rank 0's (or a single GPU's) is the run's, ``heartbeat.json``."""
+        return self.heartbeat if not rank else self.state / f"heartbeat-rank{rank}.json"
+
+    def rank_heartbeats(self) -> list[tuple[int, Path]]:
+        """The heartbeat files of a multi-GPU run's ranks above 0, by rank."""
+        found = []
+        for p in self.state.glob("heartbeat-rank*.json"):
+            number = p.stem[len("heartbeat-rank") :]
+            if number.isdigit():
+                found.append((int(number), p))
+        return sorted(found)
+
     @property
     def supervisor(self) -> Path:
         return self.state / "supervisor.json"
@@ -150,7 +163,11 @@ class RunPaths:
 
     @property
     def fault_trigger(self) -> Path:
-        return self.state / "fault.trigger"
+        return self.fault_trigger_of(None)
+
+    def fault_trigger_of(self, rank: int | None) -> Path:
+        """The file whose existence makes ``worker-hang``'s workers block (one per rank of a multi-GPU run)."""
+        return self.state / ("fault.trigger" if not rank else f"fault-rank{rank}.trigger")
 
 
 # --------------------------------------------------------------------------- user level

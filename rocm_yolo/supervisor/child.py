@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from rocm_yolo.run import heartbeat
+from rocm_yolo.run.devices import world_size
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.lifecycle import SUPERVISOR_ENV
 from rocm_yolo.run.spec import RunSpec
@@ -49,13 +50,14 @@ class PipeReader:
         beats = []
         for line in lines:
             text = line.decode("utf-8", "replace")
-            if text.startswith("P "):  # a batch finished between two records: the last record, moved on
+            if text.startswith("P "):  # a batch finished between two records: rank 0's last record, moved on
                 hb = heartbeat.apply_position(self.last, text) if self.last is not None else None
             else:
                 hb = heartbeat.parse(text)
             if hb is not None:
                 beats.append(hb)
-                self.last = hb
+                if hb.rank == 0:  # only rank 0 sends position lines (the other ranks of a multi-GPU run do not)
+                    self.last = hb
         return beats
 
     def close(self) -> None:
@@ -90,13 +92,19 @@ class ChildProcess:
             os.close(write_end)
         self.pid = self.proc.pid
         self.beats = PipeReader(read_end)
+        # on several GPUs the child launches the ranks, and they send the beats (their pids are theirs)
+        self.multi_gpu = world_size(spec.train_args) > 1
+        self.ranks: dict[int, Heartbeat] = {}  # each rank's newest record
 
     def poll(self) -> int | None:
         return self.proc.poll()
 
     def heartbeats(self) -> list[Heartbeat]:
-        """This child's heartbeats since the last call, oldest first."""
-        return [hb for hb in self.beats.read() if hb.pid == self.pid]
+        """This child's heartbeats (on several GPUs, its ranks') since the last call, oldest first."""
+        beats = [hb for hb in self.beats.read() if self.multi_gpu or hb.pid == self.pid]
+        for hb in beats:
+            self.ranks[hb.rank] = hb
+        return beats
 
     def dump_stacks(self, out: Path) -> Path:
         return proctree.dump_stacks(self.pid, self.spec.paths.stacks, out)

@@ -189,8 +189,12 @@ class Supervisor:
             now = self.clock()
             # every heartbeat, and before acting on an exit: the first trained batch tells where a resume started,
             # and an attempt may train its first batch and finish (or crash) between two polls
-            for hb in child.heartbeats():
-                if detector.observe(hb, now):
+            for beat in child.heartbeats():
+                progress = detector.observe(beat, now)  # any rank's progress is the run's
+                if beat.rank:  # rank 0 speaks for the run: where it is, what a restart trains again
+                    continue
+                hb = beat
+                if progress:
                     self._retrained(self.work.observe(hb))
                     if state == State.STARTING and hb.batches_total > 0:
                         state = State.HEALTHY
@@ -212,6 +216,7 @@ class Supervisor:
 
     def _on_stall(self, child, spec: RunSpec, detector: StallDetector, hb: Heartbeat | None, now: float) -> str:
         where = f"epoch {hb.epoch}/{hb.epochs}, {hb.phase} batch {hb.batch}/{hb.batches}" if hb else "during start-up"
+        where += _ranks_heard(getattr(child, "ranks", {}))
         stalled = detector.stalled_for(now)
         self.log.event(
             "hang",
@@ -320,3 +325,15 @@ class Supervisor:
                     f"cannot write {spec.paths.supervisor} ({e.strerror or e}); "
                     "'rocm-yolo status' shows the last state written"
                 )
+
+
+def _ranks_heard(ranks: dict) -> str:
+    """On several GPUs, where each rank was last heard: the one that stopped first is the one that hangs."""
+    if len(ranks) < 2:
+        return ""
+    wall = time.time()
+    heard = ", ".join(
+        f"rank {r} at {hb.phase} batch {hb.batch}/{hb.batches} {max(wall - hb.time, 0):.0f} s ago"
+        for r, hb in sorted(ranks.items())
+    )
+    return f" (last heard: {heard})"

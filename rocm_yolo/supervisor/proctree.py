@@ -161,11 +161,7 @@ def dump_stacks(
     deadline = time.monotonic() + py_spy_timeout  # one budget for all py-spy calls
     parts: list[str] = []
     for proc in procs:
-        role = (
-            "trainer"
-            if proc.pid == pid
-            else roles.get(proc.pid, "worker" if _has_stack_file(stacks_dir, proc.pid) else "other")
-        )
+        role = "trainer" if proc.pid == pid else roles.get(proc.pid, _role(stacks_dir, proc.pid))
         try:
             cmdline = " ".join(proc.cmdline())[:300]
             status = proc.status()
@@ -189,6 +185,13 @@ def dump_stacks(
 def find_py_spy() -> str | None:
     """py-spy on PATH, or beside this interpreter (a virtual environment that is not activated)."""
     return shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+
+
+def _role(stacks_dir: Path, pid: int) -> str:
+    """A process below the trainer: a DDP rank (a trainer of its own), a DataLoader worker, or other."""
+    if (stacks_dir / f"trainer-{pid}.txt").is_file():
+        return "rank"
+    return "worker" if (stacks_dir / f"worker-{pid}.txt").is_file() else "other"
 
 
 def _has_stack_file(stacks_dir: Path, pid: int) -> bool:

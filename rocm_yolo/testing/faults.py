@@ -2,13 +2,15 @@
 
 One variable, one grammar: ``ROCM_YOLO_FAULT=KIND[@WHERE][,KIND[@WHERE]...]``.
 
-Training faults, ``WHERE`` = ``EPOCH:BATCH`` (1-based; fired after that training batch):
+Training faults, ``WHERE`` = ``EPOCH:BATCH[:RANK]`` (1-based; fired after that training batch,
+in rank ``RANK`` of a multi-GPU run; without it in whichever rank claims it first):
 
 - ``worker-hang``: a DataLoader worker blocks forever in ``__getitem__`` (the trainer then
   waits forever for its batch, as in the users' hangs); without ``@`` from the first item.
   Under the ``threads`` profile the loader threads block instead, before their next batch;
 - ``main-hang``: the trainer's main thread blocks forever;
 - ``crash``: the trainer raises ``RuntimeError`` (a training error: restarted);
+- ``kill``: the trainer kills itself with SIGKILL (a rank of a multi-GPU run dying);
 - ``bug``: the trainer raises ``KeyError`` from rocm-yolo's own code (an internal error);
   ``bug@setup`` raises it before training starts;
 - ``save-kill``: the trainer kills itself with SIGKILL halfway through writing the first
@@ -38,10 +40,11 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
+from rocm_yolo.run.devices import rank
 from rocm_yolo.run.hooks import FAULT_ENV as ENV
 from rocm_yolo.run.paths import RunPaths
 
-TRAINING = ("worker-hang", "main-hang", "crash", "bug", "save-kill")
+TRAINING = ("worker-hang", "main-hang", "crash", "kill", "bug", "save-kill")
 CONV_AT_START = ("conv-raise", "conv-abort", "conv-hang")
 CONV = CONV_AT_START + ("conv-slow", "conv-half-inference")
 SLOW_CONV_SECONDS = 0.02  # what conv-slow adds to every convolution
@@ -55,6 +58,7 @@ class Fault:
     epoch: int | None = None  # training faults: when (None: at once / from the start)
     batch: int | None = None
     where: str | None = None  # conv faults: the strategy; "setup" for bug@setup
+    rank: int | None = None  # training faults of a multi-GPU run: the rank it fires in (None: any)
 
 
 def parse(text: str | None) -> list[Fault]:
@@ -77,11 +81,12 @@ def parse(text: str | None) -> list[Fault]:
         elif where == "setup" and kind == "bug":
             out.append(Fault(kind, where="setup"))
         elif where:
-            epoch, _, batch = where.partition(":")
+            epoch, _, rest = where.partition(":")
+            batch, _, rank = rest.partition(":")
             try:
-                out.append(Fault(kind, int(epoch), int(batch or 1)))
+                out.append(Fault(kind, int(epoch), int(batch or 1), rank=int(rank) if rank else None))
             except ValueError:
-                raise ValueError(f"{ENV}: {item!r}: write {kind}@EPOCH:BATCH, e.g. {kind}@2:1") from None
+                raise ValueError(f"{ENV}: {item!r}: write {kind}@EPOCH:BATCH[:RANK], e.g. {kind}@2:1") from None
         else:
             out.append(Fault(kind))
     return out
@@ -193,7 +198,7 @@ def worker_hang_check(run_dir: str | os.PathLike | None):
     fault = find("worker-hang")
     if fault is None:
         return None
-    trigger = str(RunPaths(run_dir).fault_trigger) if fault.epoch is not None and run_dir else None
+    trigger = str(RunPaths(run_dir).fault_trigger_of(rank())) if fault.epoch is not None and run_dir else None
 
     def check() -> None:
         if trigger is None or os.path.exists(trigger):
@@ -245,10 +250,16 @@ class Injector:
     """Trainer side: Ultralytics callbacks that fire the training faults, each once per run."""
 
     def __init__(self, faults: list[Fault], paths: RunPaths):
-        self.faults = [f for f in faults if f.kind in TRAINING and f.kind != "save-kill"]  # that one: save_kill_writer
+        self.rank = rank() or 0
+        self.faults = [
+            f
+            for f in faults
+            if f.kind in TRAINING and f.kind != "save-kill" and f.rank in (None, self.rank)  # save-kill: its writer
+        ]
         self.paths = paths
         self.batch = 0
-        paths.fault_trigger.unlink(missing_ok=True)  # a restarted run starts with healthy workers
+        self.trigger = paths.fault_trigger_of(self.rank)  # this rank's workers watch it
+        self.trigger.unlink(missing_ok=True)  # a restarted run starts with healthy workers
 
     def _claim(self, fault: Fault) -> bool:
         return claim(fault, self.paths)
@@ -271,9 +282,11 @@ class Injector:
             if f.epoch is None or (trainer.epoch + 1, self.batch) != (f.epoch, f.batch) or not self._claim(f):
                 continue
             if f.kind == "worker-hang":
-                self.paths.fault_trigger.write_text("hang\n")
+                self.trigger.write_text("hang\n")
             elif f.kind == "main-hang":
                 block_forever()
+            elif f.kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
             elif f.kind == "crash":
                 raise RuntimeError(f"injected crash ({ENV}) at epoch {f.epoch} batch {f.batch}")
             elif f.kind == "bug":

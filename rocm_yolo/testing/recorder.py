@@ -1,6 +1,6 @@
 """``ROCM_YOLO_RECORD_BATCHES=FILE``: one JSON line per training batch, in the order trained.
 
-Each line holds the attempt, the epoch (1-based), the loop's batch index and the batch's
+Each line holds the attempt, the rank (0 on one GPU), the epoch (1-based), the loop's batch index and the batch's
 image file names; the tests compare sample orders across restarts and resumes with it.
 """
 
@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from rocm_yolo.patches import trainloop
+from rocm_yolo.run.devices import rank
 
 
 class BatchRecorder:
@@ -24,6 +25,7 @@ class BatchRecorder:
         batch = loop.get("batch") or {}
         line = {
             "attempt": self.attempt,
+            "rank": rank() or 0,
             "epoch": trainer.epoch + 1,
             "batch": loop.get("i"),
             "files": [Path(f).name for f in batch.get("im_file", ())],

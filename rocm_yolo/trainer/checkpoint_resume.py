@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from rocm_yolo.patches import trainloop
+from rocm_yolo.run import devices
 from rocm_yolo.run.checkpoints import MID_EPOCH_KEY
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.trainer import sample_order
@@ -112,9 +113,9 @@ class MidEpochResume:
             self.state = None
             return
         self.loader = loader
-        self.order.sampler.resume_next_pass(
-            state["sampler"]["state"], state["sampler"]["skip"], on_start=lambda: set_rng_states(state["rng"])
-        )
+        # the RNG states are rank 0's: the other ranks of a multi-GPU run keep their own seeds
+        restore = (lambda: set_rng_states(state["rng"])) if not devices.rank() else None
+        self.order.sampler.resume_next_pass(state["sampler"]["state"], state["sampler"]["skip"], on_start=restore)
         if state.get("buffer") and loads_in_process(loader):
             refill_buffer(loader.dataset, state["buffer"])
 

@@ -221,7 +221,7 @@ class MidEpochSave:
         model, host, loader = unwrap(trainer.model), self.host, trainer.train_loader
         sampler = self.order.sampler
         order = sampler.state_of(self.pass_number) if self.pass_number is not None else None
-        if order is None and sampler.generator is not None:
+        if order is None and (sampler.generator is not None or sampler.distributed):
             raise RuntimeError("the sample order of this epoch's pass is unknown")
         pending = loop["last_opt_step"] != loop["ni"]
         dataset, bs = loader.dataset, sample_order.batch_size(loader)

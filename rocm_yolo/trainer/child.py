@@ -55,23 +55,49 @@ def main(argv: list[str] | None = None) -> int:
         spec = RunSpec.load(argv[0])
     except Exception as e:  # the supervisor wrote it: anything wrong with it is a rocm-yolo bug
         return errors.report_internal(e)
+    from rocm_yolo.run import devices
     from rocm_yolo.run.events import RunLog
     from rocm_yolo.run.lifecycle import DUMP_SIGNAL, SUPERVISOR_ENV, die_with_parent
-    from rocm_yolo.trainer import failures, run
 
     paths = spec.paths
-    log = RunLog(paths.log, paths.events)
+    rank = devices.rank()  # a rank of a multi-GPU run, started by torch.distributed.run
+    log = RunLog(paths.log, paths.events, rank=rank)
     log.event("start_method", method=multiprocessing.get_start_method(), torch_imported=torch_was_imported)
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    die_with_parent(int(os.environ.get(SUPERVISOR_ENV, "0") or 0))  # no orphan if killed -9
+    # no orphan if killed -9: the launcher and a one-GPU child die with the supervisor, a rank with its launcher
+    die_with_parent(os.getppid() if rank is not None else int(os.environ.get(SUPERVISOR_ENV, "0") or 0))
     try:
         paths.stacks.mkdir(parents=True, exist_ok=True)
         stack_file = open(paths.trainer_stacks(os.getpid()), "a")  # open for the life of the process
         faulthandler.register(DUMP_SIGNAL, file=stack_file, all_threads=True, chain=False)
+    except OSError as e:
+        return _setup_failure(spec, log, e)
+    if rank is None and devices.world_size(spec.train_args) > 1:
+        from rocm_yolo.trainer import launcher
+
+        return launcher.launch(spec, argv[0], log)  # one rank per GPU; this process imports no torch
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    if rank is None:
+        return _train(spec, log)
+    from rocm_yolo.trainer import ranks
+
+    with ranks.reporting(rank) as report:
+        return report(_train(spec, log))
+
+
+def _train(spec: RunSpec, log) -> int:
+    from rocm_yolo.trainer import run
+
+    try:
         return run.run(spec, log)  # 2.-4.
     except KeyboardInterrupt:
         return errors.INTERRUPTED
     except SystemExit:
         raise
     except BaseException as e:  # before training (run.run handles its own errors after that)
-        return failures.report_setup_failure(spec, log, e)
+        return _setup_failure(spec, log, e)
+
+
+def _setup_failure(spec: RunSpec, log, error: BaseException) -> int:
+    from rocm_yolo.trainer import failures
+
+    return failures.report_setup_failure(spec, log, error)

@@ -64,5 +64,6 @@ def server_pid() -> int | None:
     return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
 
 
-def record_path(run_dir: str | os.PathLike):
-    return RunPaths(run_dir).state / "forkserver.json"
+def record_path(run_dir: str | os.PathLike, rank: int | None = None):
+    """Where the server records itself: ``forkserver.json``, or ``forkserver-rankN.json`` for a rank above 0."""
+    return RunPaths(run_dir).state / ("forkserver.json" if not rank else f"forkserver-rank{rank}.json")

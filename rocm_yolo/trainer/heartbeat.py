@@ -28,8 +28,10 @@ class HeartbeatWriter:
         clock=time.monotonic,
         pipe_fd: int | None = None,
         on_error: Callable[[str], None] | None = None,
+        rank: int = 0,
     ):
         self.path = Path(path)
+        self.positions = rank == 0  # position lines between records: rank 0's (it speaks for the run)
         self.clock = clock
         self.pipe_fd = pipe_fd if pipe_fd is not None else _fd_from_env()
         self.on_error = on_error
@@ -45,6 +47,7 @@ class HeartbeatWriter:
             "batches": 0,
             "batches_total": 0,
             "started": time.time(),
+            "rank": rank,
         }
         self.step_max = 0.0
         self.step_last = 0.0
@@ -132,7 +135,7 @@ class HeartbeatWriter:
         self._step()
         self.state["batch"] += 1
         self.state["batches_total"] += 1
-        if not self.write("train", force=first):  # the first batch of an epoch is always written
+        if not self.write("train", force=first) and self.positions:  # an epoch's first batch is always written
             # between records: the finished batch still reaches the supervisor, in a few bytes down the pipe
             # (where a hang stops and how much a restart trains again are then exact)
             s = self.state

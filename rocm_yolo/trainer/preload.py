@@ -11,6 +11,7 @@ import json
 import os
 import time
 
+from rocm_yolo.run.devices import rank
 from rocm_yolo.run.lifecycle import die_with_parent
 from rocm_yolo.trainer.forkserver import RUN_DIR_ENV, TRAINER_ENV, record_path
 
@@ -84,7 +85,7 @@ def _preload() -> None:
             "preload_error": error,
         }
         try:
-            path = record_path(run_dir)
+            path = record_path(run_dir, rank())  # each rank of a multi-GPU run has its own server
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(record))
         except OSError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from rocm_yolo.errors import CHILD_FINISHED, OK
-from rocm_yolo.run import hooks
+from rocm_yolo.run import devices, hooks
 from rocm_yolo.run.checkpoints import MID_EPOCH_KEY
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.interval import parse_interval
@@ -30,8 +30,12 @@ def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
     from rocm_yolo.trainer.run_hooks import RunHooks
 
     paths = spec.paths
+    rank = devices.rank() or 0  # a multi-GPU run's rank; rank 0 (and a one-GPU run) writes the run's files
     heartbeat = HeartbeatWriter(
-        paths.heartbeat, attempt=spec.attempt, on_error=lambda message: log.event("heartbeat_error", message)
+        paths.heartbeat_of(rank),
+        attempt=spec.attempt,
+        on_error=lambda message: log.event("heartbeat_error", message),
+        rank=rank,
     )
     run_hooks = RunHooks(spec, log, arg_presets=env.args)
     testing = hooks.trainer_callbacks(paths, spec.attempt)  # [] unless a test asked for faults or a recording
@@ -50,7 +54,8 @@ def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
         log, order, on_resumed=tuple(listeners), supported=lambda: not compat.missing_for(compat.MID_EPOCH_FEATURE)
     )
     # the mid-epoch ones last: a resumed epoch moves the others' batch counters after they reset them
-    return [run_hooks, heartbeat, *testing, save, mid_resume], run_hooks
+    writers = [save] if rank == 0 else []  # the other ranks resume from rank 0's checkpoints, and write none
+    return [run_hooks, heartbeat, *testing, *writers, mid_resume], run_hooks
 
 
 def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
@@ -59,12 +64,15 @@ def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
 
     started = time.time()
     owners, run_hooks = callback_owners(spec, env, log)  # the heartbeat says "setup" from here on
-    for line in header_lines(spec, env):
-        log.info(line)
+    rank = devices.rank()
+    if not rank:  # the run's header: one per run, not one per rank
+        for line in header_lines(spec, env):
+            log.info(line)
 
     from ultralytics import YOLO
 
-    clean_temporaries(spec.paths)  # half-written files of a checkpoint write that was killed
+    if not rank:
+        clean_temporaries(spec.paths)  # half-written files of a checkpoint write that was killed
     model = None
     try:
         model = YOLO(spec.resume or spec.model)
@@ -74,6 +82,10 @@ def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
         if model.ckpt:
             model.ckpt.pop(MID_EPOCH_KEY, None)  # the trainer loads its own copy; do not hold this one all run
         register(model, owners)
+        if rank:
+            from rocm_yolo.trainer.ranks import trainer_class
+
+            args["trainer"] = trainer_class(model)
         model.train(**args)
     except resume.RunFinished as e:
         failures.say_user_error(log, str(e))

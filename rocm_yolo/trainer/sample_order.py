@@ -14,6 +14,11 @@ data set is never asked for the skipped samples, and ``g`` ends the pass in the 
 in an uninterrupted run, so later passes match too. It runs in the trainer process (the
 DataLoader's iterator draws indices there, also with worker processes).
 
+On several GPUs the sampler is torch's ``DistributedSampler``: each pass is the rank's share
+of an order drawn from the seed and the sampler's ``epoch`` (``set_epoch``), so the
+``epoch`` value at the start of the pass fixes it. Every rank replays its own share from
+the value rank 0 saved, and skips the indices of the batches it has done.
+
 Which pass an epoch trains is the caller's business (:class:`PassTracker`): DataLoader
 workers prefetch, so the iterator may start the next pass before the epoch ends, and a new
 iterator (the first epoch, ``reset()`` when mosaic closes, fresh workers under ``safe``)
@@ -37,15 +42,18 @@ class PassSampler:
         self.generator = getattr(inner, "generator", None)
         if not isinstance(self.generator, torch.Generator):
             self.generator = None
+        # DDP: a DistributedSampler draws each pass from seed + its ``epoch`` (set_epoch), its rank's share of it
+        self.distributed = self.generator is None and hasattr(inner, "set_epoch") and hasattr(inner, "epoch")
         self.started = 0  # passes started so far
-        self.states: dict[int, torch.Tensor | None] = {}  # generator state at the start of each pass not forgotten
+        self.states: dict[int, object] = {}  # what fixed each pass not forgotten: generator state, or {"epoch": E}
         self._resume: tuple | None = None
 
     def __len__(self) -> int:
         return len(self.inner)
 
-    def resume_next_pass(self, state: torch.Tensor | None, skip: int, on_start: Callable[[], None] | None = None):
-        """Start the next pass from generator ``state`` (None: as it comes), without its first ``skip`` indices."""
+    def resume_next_pass(self, state: object, skip: int, on_start: Callable[[], None] | None = None):
+        """Start the next pass from ``state`` (a generator state, or a DistributedSampler's ``{"epoch": E}``;
+        None: as it comes), without its first ``skip`` indices."""
         self._resume = (state, skip, on_start)
 
     def __iter__(self):
@@ -53,19 +61,26 @@ class PassSampler:
         skip = 0
         if resume is not None:
             state, skip, on_start = resume
-            if state is not None and self.generator is not None:
+            if isinstance(state, torch.Tensor) and self.generator is not None:
                 self.generator.set_state(state)
+            elif isinstance(state, dict) and self.distributed:
+                self.inner.set_epoch(int(state["epoch"]))
             if on_start is not None:
                 on_start()
         number = self.started
         self.started += 1
-        self.states[number] = self.generator.get_state() if self.generator is not None else None
+        self.states[number] = self._state()
         indices = iter(self.inner)
         if skip:
             indices = itertools.islice(indices, skip, None)
         yield from indices
 
-    def state_of(self, number: int) -> torch.Tensor | None:
+    def _state(self) -> object:
+        if self.generator is not None:
+            return self.generator.get_state()
+        return {"epoch": int(self.inner.epoch)} if self.distributed else None
+
+    def state_of(self, number: int) -> object:
         return self.states.get(number)
 
     def forget_before(self, number: int) -> None:

@@ -26,7 +26,7 @@ def test_help_lists_commands_and_exit_codes():
     assert t.returncode == 0
     for flag in ("--workers", "--profile", "--resume", "--stall-timeout", "--max-restarts", "--fallback", "KEY=VALUE"):
         assert flag in t.stdout
-    assert "0,1" not in t.stdout  # one device: a list is refused (see the --device help)
+    assert "0,1 for several GPUs" in t.stdout
 
 
 def test_profiles_command_lists_every_setting():

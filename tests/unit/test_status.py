@@ -129,3 +129,14 @@ def test_status_of_a_folder_that_is_no_run_is_a_usage_error(tmp_path):
         [sys.executable, "-m", "rocm_yolo", "status", str(tmp_path)], capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 2 and "is not a rocm-yolo run directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_each_rank_of_a_multi_gpu_run_is_shown_where_it_was_last_heard(tmp_path):
+    paths = write_run(tmp_path)
+    beat = json.loads(paths.heartbeat.read_text())
+    paths.heartbeat_of(1).write_text(json.dumps(dict(beat, rank=1, pid=78, batch=11, time=NOW - 40)))
+    text = status.render(status.collect(paths.run_dir, now=NOW))
+    assert "progress:  epoch 2/3, train batch 12/16" in text  # rank 0 speaks for the run
+    assert "rank 1:    epoch 2, train batch 11/16, 40 s ago (attempt 2)" in text
+    paths.heartbeat.write_text(json.dumps(dict(beat, phase="done")))
+    assert "rank 1" not in status.render(status.collect(paths.run_dir, now=NOW))  # finished: rank 0 says it

@@ -370,3 +370,45 @@ def test_a_rocm_torch_without_the_cards_code_gets_the_install_line_for_the_card(
     assert apu.fix.startswith("AMD publishes no torch wheels for gfx90c")
     assert apu.fix.endswith("with this torch, try HSA_OVERRIDE_GFX_VERSION=9.0.0 (runs it as gfx900)")
     assert doctor_gpu._torch_arch_row("gfx1010", "gfx1010", ["gfx1010", "gfx1030"]).status == OK
+
+
+def _two_gpu_root(tmp_path, second: int, cmdline: str, renders=(128,)) -> Path:
+    root = tmp_path / "root"
+    nodes = root / "sys/class/kfd/kfd/topology/nodes"
+    for node, version, minor in ((0, 0, None), (1, 100100, 128), (2, second, 129)):
+        (nodes / str(node)).mkdir(parents=True)
+        props = f"gfx_target_version {version}\n" + (f"drm_render_minor {minor}\n" if minor else "")
+        (nodes / str(node) / "properties").write_text(props)
+    (root / "proc").mkdir()
+    (root / "proc/cmdline").write_text(cmdline + "\n")
+    (root / "dev/dri").mkdir(parents=True)
+    for minor in renders:
+        (root / f"dev/dri/renderD{minor}").write_text("")
+    return root
+
+
+def test_two_gpus_of_mixed_architectures_without_iommu_pt(tmp_path):
+    from rocm_yolo.doctor import multigpu
+
+    opts = Options(root=_two_gpu_root(tmp_path, 100300, "BOOT_IMAGE=/vmlinuz root=/dev/sda1 quiet"))
+    gpus, _ = doctor_gpu.detect_gpus(opts)
+    rows = rows_by_check(multigpu.check_multi_gpu(opts, gpus))
+    assert rows["gpu.multi"].status == WARN and "mixed architectures gfx1010, gfx1030" in rows["gpu.multi"].found
+    assert "'torch[device-gfx1010,device-gfx1030]'" in rows["gpu.multi"].fix
+    assert (
+        rows["gpu.multi_devices"].status == FAIL
+        and "GPU 1 (gfx1030): /dev/dri/renderD129" in rows["gpu.multi_devices"].found
+    )
+    assert rows["gpu.rccl"].status == WARN and "iommu=pt is not on the kernel command line" in rows["gpu.rccl"].found
+    assert "ROCm/rccl#1129" in rows["gpu.rccl"].fix
+
+
+def test_two_alike_gpus_with_iommu_pt_and_one_gpu_gets_no_multi_gpu_rows(tmp_path):
+    from rocm_yolo.doctor import multigpu
+
+    opts = Options(root=_two_gpu_root(tmp_path, 100100, "root=/dev/sda1 iommu=pt", renders=(128, 129)))
+    gpus, _ = doctor_gpu.detect_gpus(opts)
+    rows = rows_by_check(multigpu.check_multi_gpu(opts, gpus))
+    assert rows["gpu.multi"].status == OK and "2 GPUs, all gfx1010" in rows["gpu.multi"].found
+    assert rows["gpu.rccl"].status == OK and "gpu.multi_devices" not in rows
+    assert list(multigpu.check_multi_gpu(opts, gpus[:1])) == []

@@ -9,6 +9,7 @@ import pytest
 from helpers import Cli, fake_checkpoint
 from rocm_yolo import launch
 from rocm_yolo.errors import UsageError
+from rocm_yolo.launch.request import make_spec
 from rocm_yolo.run import ownership
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import RunSpec
@@ -47,11 +48,28 @@ def test_a_name_must_stay_inside_the_project(tiny_data, tmp_path, name):
     assert not (tmp_path / "p").exists() and not (tmp_path / "escape").exists()
 
 
-@pytest.mark.parametrize("device, extra", [("0,1", {}), (None, {"device": [0, 1]}), ("0, 2", {})])
-def test_a_multi_gpu_device_is_refused(tiny_data, tmp_path, device, extra):
-    with pytest.raises(UsageError, match="multi-GPU training is not supported yet"):
+@pytest.mark.parametrize(
+    "device, extra, message",
+    [
+        ("0,1,2", {}, "the default batch 16 does not divide by the 3 GPUs of --device 0,1,2"),
+        ("0,1", {"batch": 5}, "batch=5 does not divide by the 2 GPUs of --device 0,1 (each rank trains batch/2"),
+        (None, {"device": [0, 1], "batch": -1}, "batch=-1: AutoBatch and fractions work on one GPU only"),
+        ("0,0", {}, "--device 0,0: a GPU is named twice"),
+    ],
+)
+def test_a_multi_gpu_run_needs_a_batch_each_gpu_gets_a_share_of(tiny_data, tmp_path, device, extra, message):
+    with pytest.raises(UsageError) as e:
         launch.prepare(str(tiny_data), project=str(tmp_path / "p"), device=device, extra=dict(extra))
-    assert not (tmp_path / "p").exists()
+    assert message in str(e.value)
+    assert not (tmp_path / "p").exists()  # refused before anything is written
+
+
+@pytest.mark.parametrize("device, batch", [("0,1", None), ("0, 2", 8), ([0, 1, 2, 3], 32)])
+def test_a_multi_gpu_run_is_one_spec_for_all_its_ranks(tiny_data, tmp_path, device, batch):
+    from rocm_yolo.run.devices import world_size
+
+    spec = make_spec(str(tiny_data), project=str(tmp_path / "p"), device=device, batch=batch)
+    assert world_size(spec.train_args) == len(str(device).split(","))
 
 
 def test_a_resume_outside_a_run_directory_is_refused(tmp_path):

@@ -1,0 +1,64 @@
+"""The GPUs of a run, read from its ``device`` argument without torch: one, or several (Ultralytics' DDP).
+
+``--device 0,1`` trains on two GPUs: rocm-yolo's training child becomes a launcher that
+starts one rank per GPU with ``torch.distributed.run``, as Ultralytics does, and each rank is
+a training child of its own (:mod:`rocm_yolo.trainer.launcher`). A rank knows itself by the
+variables that launcher sets (:data:`RANK_ENV`, :data:`LOCAL_RANK_ENV`, :data:`WORLD_SIZE_ENV`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+RANK_ENV = "RANK"  # set by torch.distributed.run in each rank, as Ultralytics reads them
+LOCAL_RANK_ENV = "LOCAL_RANK"
+WORLD_SIZE_ENV = "WORLD_SIZE"
+DEFAULT_BATCH = 16  # Ultralytics' default batch, split across the ranks
+
+
+def gpu_ids(device: object) -> list[str]:
+    """The GPU ids a ``device`` argument names: ``"0,1"``, ``[0, 1]`` or ``"0, 2"`` -> ``["0", "1"]``...;
+    [] for ``cpu``, ``mps``, auto (None, ``""``) and anything else that is not a list of ids."""
+    if isinstance(device, (list, tuple)):
+        text = ",".join(str(x) for x in device)
+    else:
+        text = str(device if device is not None else "")
+    parts = [x.strip() for x in text.strip().strip("[]()").split(",") if x.strip()]
+    return parts if parts and all(x.isdigit() for x in parts) else []
+
+
+def world_size(train_args: Mapping[str, object]) -> int:
+    """How many ranks a run with these train arguments trains on: the GPU ids of ``device``, at least 1."""
+    return max(len(gpu_ids(train_args.get("device"))), 1)
+
+
+def rank(environ: Mapping[str, str] = os.environ) -> int | None:
+    """This process's rank when ``torch.distributed.run`` started it, else None."""
+    if LOCAL_RANK_ENV not in environ:
+        return None
+    try:
+        return int(environ.get(RANK_ENV, environ[LOCAL_RANK_ENV]))
+    except ValueError:
+        return None
+
+
+def check_batch(batch: object, ids: list[str]) -> str | None:
+    """Why ``batch`` cannot be split across the GPUs ``ids`` (Ultralytics gives each rank batch // N), or None."""
+    n = len(ids)
+    if n < 2:
+        return None
+    value = DEFAULT_BATCH if batch is None else batch
+    example = f"batch={n * 8}"
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        return (
+            f"batch={value}: AutoBatch and fractions work on one GPU only (Ultralytics); on the {n} GPUs of "
+            f"--device {','.join(ids)} give a batch that divides by {n}, e.g. {example}"
+        )
+    if value % n:
+        given = "the default batch 16" if batch is None else f"batch={value}"
+        return (
+            f"{given} does not divide by the {n} GPUs of --device {','.join(ids)} (each rank trains batch/{n} "
+            f"images): use a multiple of {n}, e.g. {example}"
+        )
+    return None

@@ -1,0 +1,119 @@
+"""The plumbing of a multi-GPU run, in-process: devices, the launcher's relay and exit code, the ranks' heartbeats,
+faults aimed at one rank, and the DistributedSampler's order replayed from inside a pass."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from rocm_yolo import errors
+from rocm_yolo.run import devices, heartbeat
+from rocm_yolo.run.paths import RunPaths
+from rocm_yolo.supervisor.child import PipeReader
+from rocm_yolo.testing import faults
+from rocm_yolo.trainer import launcher, sample_order
+
+
+@pytest.mark.parametrize(
+    "device, ids",
+    [("0,1", ["0", "1"]), ([0, 2], ["0", "2"]), (" 0, 1 ", ["0", "1"]), ("cpu", []), (None, []), (0, ["0"])],
+)
+def test_the_gpus_a_device_argument_names(device, ids):
+    assert devices.gpu_ids(device) == ids
+    assert devices.world_size({"device": device}) == max(len(ids), 1)
+
+
+def test_a_batch_must_divide_by_the_gpus():
+    assert devices.check_batch(8, ["0", "1"]) is None and devices.check_batch(5, ["0"]) is None
+    assert "does not divide by the 2 GPUs" in devices.check_batch(5, ["0", "1"])
+    assert "the default batch 16 does not divide by the 3 GPUs" in devices.check_batch(None, ["0", "1", "2"])
+    assert "AutoBatch" in devices.check_batch(-1, ["0", "1"]) and "AutoBatch" in devices.check_batch(0.7, ["0", "1"])
+
+
+def test_a_rank_knows_itself_from_torch_distributed_run():
+    assert devices.rank({}) is None
+    assert devices.rank({"LOCAL_RANK": "1", "RANK": "1", "WORLD_SIZE": "2"}) == 1
+
+
+@pytest.mark.parametrize(
+    "code, exits, expected",
+    [
+        (0, {0: 0, 1: 0}, errors.OK),
+        (1, {0: 143}, errors.FAILED),  # rank 1 SIGKILLed, rank 0 stopped by torch.distributed.run: a crash
+        (1, {0: errors.USAGE, 1: 143}, errors.USAGE),  # a user error is not retried
+        (1, {0: errors.SETUP, 1: errors.INTERNAL}, errors.SETUP),
+        (0, {0: 0}, errors.FAILED),  # a rank that said nothing did not finish
+    ],
+)
+def test_the_runs_exit_code_is_what_the_ranks_said(code, exits, expected):
+    assert launcher.outcome(code, exits, 2) == expected
+
+
+def test_the_relay_copies_whole_lines_and_keeps_each_ranks_exit_code(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    read_end, write_end = os.pipe()
+    relay = launcher.Relay(fifo, write_end)
+    relay.start()
+    ranks = [os.open(fifo, os.O_WRONLY) for _ in range(2)]
+    for rank, fd in enumerate(ranks):
+        os.write(fd, json.dumps({"rank": rank, "seq": 1}).encode() + b"\n")
+        os.write(fd, (launcher.exit_line(rank, rank * errors.USAGE) + "\n").encode())
+        os.close(fd)
+    relay.stop()
+    os.close(write_end)
+    lines = os.read(read_end, 65536).decode().splitlines()
+    os.close(read_end)
+    assert sorted(json.loads(line)["rank"] for line in lines) == [0, 1]  # exit lines stay with the launcher
+    assert relay.exits == {0: errors.OK, 1: errors.USAGE} and not relay.is_alive()
+
+
+def test_position_lines_move_rank_0s_record_only():
+    read_end, write_end = os.pipe()
+    reader = PipeReader(read_end)
+    base = dict(
+        seq=1, pid=10, attempt=1, phase="train", epoch=1, epochs=2, batch=1, batches=4, step_max=0.1, step_last=0.1
+    )
+    base.update(batches_total=1, it_s=1.0, time=1.0, started=0.0)
+    zero, one = dict(base, rank=0), dict(base, pid=11, seq=5, batch=3, rank=1)
+    old = {k: v for k, v in base.items()}  # a record of a version before multi-GPU runs: rank 0
+    text = "\n".join([json.dumps(zero), json.dumps(one), heartbeat.position_line(2, 1, 2, 2, 2.0), json.dumps(old)])
+    os.write(write_end, text.encode() + b"\n")
+    beats = reader.read()
+    assert [(b.rank, b.batch) for b in beats] == [(0, 1), (1, 3), (0, 2), (0, 1)]
+    assert beats[2].pid == 10  # the position line moved rank 0's record, not rank 1's newer one
+    os.close(write_end)
+    reader.close()
+
+
+def test_a_fault_aimed_at_a_rank_fires_there_only(tmp_path, monkeypatch):
+    [fault] = faults.parse("worker-hang@2:1:1")
+    assert (fault.epoch, fault.batch, fault.rank) == (2, 1, 1)
+    assert faults.parse("kill@1:3")[0].rank is None
+    with pytest.raises(ValueError, match="EPOCH:BATCH"):
+        faults.parse("kill@1:x:1")
+    paths = RunPaths(tmp_path / "run")
+    paths.state.mkdir(parents=True)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("RANK", "0")
+    assert faults.Injector([fault], paths).faults == []  # rank 0 ignores rank 1's fault
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("RANK", "1")
+    injector = faults.Injector([fault], paths)
+    assert injector.faults == [fault] and injector.trigger == paths.state / "fault-rank1.trigger"
+
+
+def test_a_distributed_pass_is_replayed_from_the_epoch_it_was_drawn_with():
+    inner = torch.utils.data.DistributedSampler(range(20), num_replicas=2, rank=1, shuffle=True, seed=0)
+    sampler = sample_order.PassSampler(inner)
+    assert sampler.distributed and sampler.generator is None
+    inner.set_epoch(3)
+    whole = list(sampler)
+    saved = sampler.state_of(0)
+    assert saved == {"epoch": 3}
+    inner.set_epoch(4)  # Ultralytics moved on (or workers prefetched across set_epoch): the saved value counts
+    sampler.resume_next_pass(saved, 4)
+    assert list(sampler) == whole[4:]
