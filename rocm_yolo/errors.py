@@ -94,6 +94,8 @@ ULTRALYTICS_USER_CHECKS = {
     "ultralytics.cfg": ("check_cfg", "check_dict_alignment", "get_cfg", "cfg2dict", "smart_value"),
     "ultralytics.engine.trainer": ("check_resume",),
     "ultralytics.data.build": ("check_source",),
+    # a --device torch cannot see (no GPU, not a ROCm build of torch, an id past the last GPU)
+    "ultralytics.utils.torch_utils": ("select_device",),
     "ultralytics.nn.tasks": ("yaml_model_load", "guess_model_scale", "load_checkpoint", "torch_safe_load"),
     # YOLODataset: no labels, no valid images, boxes for a segment task
     "ultralytics.data.dataset": ("cache_labels", "get_labels", "verify_labels"),

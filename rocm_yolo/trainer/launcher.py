@@ -15,7 +15,8 @@ The launcher stays between the supervisor and ``torch.distributed.run``:
   ``torch.distributed.run`` closes every inherited file descriptor. Each rank writes its
   records into a FIFO instead (:data:`FIFO_ENV`), and a relay thread here copies them, whole
   lines, into the pipe. A rank's last line says its exit code (:func:`exit_line`).
-- **exit codes**: ``torch.distributed.run`` reports any failure as 1. The launcher returns
+- **exit codes**: ``torch.distributed.run`` reports any failure as 1 (and its own reports go
+  to ``RUN/rocm_yolo/torchrun.log``, not the terminal: :mod:`.torchrun`). The launcher returns
   what the ranks said: a user error, a finished run, a broken environment, an internal error
   or a crash (1). :func:`outcome` decides.
 - **stopping**: SIGTERM is forwarded to ``torch.distributed.run``, which stops its ranks. The
@@ -71,12 +72,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def command(spec_path: str, ranks: int, port: int) -> list[str]:
-    """Ultralytics' launch (``generate_ddp_command``), each rank a rocm-yolo training child."""
+def command(spec_path: str, ranks: int, port: int, log: str) -> list[str]:
+    """Ultralytics' launch (``generate_ddp_command``), each rank a rocm-yolo training child; torch's launcher
+    reports into ``log`` (:mod:`.torchrun`)."""
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "rocm_yolo.trainer.torchrun",
+        log,
         "--nproc_per_node",
         str(ranks),
         "--master_port",
@@ -161,7 +164,8 @@ def launch(spec: RunSpec, spec_path: str, log: RunLog) -> int:
         ranks=ranks,
         port=port,
     )
-    proc = subprocess.Popen(command(spec_path, ranks, port), env=env, preexec_fn=pdeathsig_kill)
+    torch_log = str(spec.paths.state / "torchrun.log")
+    proc = subprocess.Popen(command(spec_path, ranks, port, torch_log), env=env, preexec_fn=pdeathsig_kill)
     stopped: list[int] = []
 
     def forward(signum, frame):  # the supervisor stops the run: torch.distributed.run stops its ranks

@@ -54,6 +54,7 @@ def share(files: list[str], rank: int, epoch: int, batch: int) -> list[list[str]
     return [order[i : i + batch] for i in range(0, len(order), batch)]
 
 
+@pytest.mark.lowerbound
 def test_a_worker_of_rank_1_hangs_and_both_ranks_resume_inside_the_epoch_with_their_own_samples(
     cli, tiny_data, tmp_path
 ):
@@ -126,12 +127,24 @@ def test_rank_1_stuck_before_a_collective_then_killed_recovers_each_time(cli, ti
     assert "done: 2 epochs" in r.stdout and checkpoints.verify(run / "weights" / "last.pt") is None
 
 
-def test_sigkill_of_the_supervisor_leaves_no_rank_and_status_shows_each_rank(cli, tiny_data, tmp_path):
+def test_ctrl_c_then_sigkill_of_the_resumed_supervisor_leave_no_rank_and_status_shows_each_rank(
+    cli, tiny_data, tmp_path
+):
     run = tmp_path / "runs" / "detect" / "train"
-    proc = cli.start("train", str(tiny_data), *DDP, "--workers", "1", "--epochs", "300")
     beat = RunPaths(run).heartbeat
-    wait_for(lambda: getattr(heartbeat.read(beat), "batches_total", 0) > 1, 240, "training on 2 ranks", proc, cli)
-    wait_for(lambda: RunPaths(run).heartbeat_of(1).exists(), 60, "rank 1's heartbeat", proc, cli)
+    proc = cli.start("train", str(tiny_data), *DDP, "--workers", "1", "--epochs", "300")
+    wait_for(lambda: getattr(heartbeat.read(beat), "epoch", 0) > 1, 240, "epoch 2 on 2 ranks", proc, cli)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: one clean stop of every rank, no traceback of torch's launcher
+    assert proc.wait(timeout=60) == 130
+    out = cli.read()
+    assert "Traceback" not in out and "resume with: rocm-yolo train --resume" in out, out[-3000:]
+    assert cli.leftovers() == []
+
+    proc = cli.start("train", "--resume", str(run / "weights" / "last.pt"))  # on the run's own 2 GPUs
+    wait_for(lambda: getattr(heartbeat.read(beat), "attempt", 0) == 2, 120, "the resumed attempt", proc, cli)
+    wait_for(lambda: getattr(heartbeat.read(beat), "batches_total", 0) > 1, 240, "training again", proc, cli)
+    rank1 = RunPaths(run).heartbeat_of(1)
+    wait_for(lambda: getattr(heartbeat.read(rank1), "attempt", 0) == 2, 60, "rank 1's heartbeat", proc, cli)
     running = cli.leftovers(settle=0)
     # the CLI, the launcher, torch.distributed.run, 2 ranks, their fork servers and workers
     assert len(running) >= 7, [p.pid for p in running]

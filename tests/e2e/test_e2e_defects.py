@@ -206,3 +206,12 @@ def test_a_val_folder_without_images_is_the_users_error(cli, tiny_data, tmp_path
     line = one_error_line(r, errors.USAGE, "error:")
     assert "No images found" in line or "Error loading data" in line
     assert "internal error" not in r.stdout and cli.leftovers() == []
+
+
+@pytest.mark.skipif(torch.cuda.device_count() > 7, reason="this machine has a GPU 7")
+def test_a_device_torch_cannot_see_is_the_users_error_not_a_bug(cli, tiny_data, tmp_path):
+    tiny = [x if x != "cpu" else "7" for x in TINY]  # --device 7
+    r = cli.run("train", str(tiny_data), "--epochs", "1", "--workers", "0", *tiny)
+    line = one_error_line(r, errors.USAGE, "error:")
+    assert "Invalid CUDA 'device=7' requested" in line and "internal error" not in r.stdout
+    assert cli.leftovers() == [] and not (tmp_path / "runs" / "detect" / "train").exists()
