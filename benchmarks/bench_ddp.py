@@ -1,0 +1,180 @@
+"""Per-epoch time of a multi-GPU (DDP) run: rocm-yolo against plain Ultralytics DDP, interleaved, in one run.
+
+Each round runs both sides once, in turn, each in a fresh process:
+
+- ``plain``: ``YOLO("yolo26n.yaml").train(device="0,1", workers=W, ...)``, Ultralytics' own
+  launch of its ranks (``generate_ddp_command``: ``torch.distributed.run`` and a generated script);
+- ``rocm-yolo``: ``rocm-yolo train --device 0,1 --workers W ...`` with the default profile:
+  the launcher, one rank per GPU with its fork server, heartbeat, watchdog and mid-epoch
+  checkpoint callbacks.
+
+Per-epoch time is the difference of the cumulative ``time`` column of results.csv (rank 0
+writes it). Epoch 1 (start-up) and the last epoch (the final validation) are left out. The
+ratio is taken per round, then the median (min-max) over rounds. The goal is at most 1.03.
+
+Without GPUs (``--cpu``, the default when torch sees none), both sides run on CPU "devices"
+through the tests' seam (``tests/cpu_ddp``: gloo, Ultralytics' DDP code otherwise unchanged).
+Then the figures measure rocm-yolo's overhead around DDP, not GPU training.
+
+    python benchmarks/bench_ddp.py                                    # 2 CPU ranks, synthetic data
+    python benchmarks/bench_ddp.py --device 0,1 --imgsz 640 --batch 32 --workers 4 --train 1000 --no-cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _common import interrupted, machine_line, run_logged, stop_on_signals, work_dir  # noqa: E402
+from bench_train import epoch_times, spread  # noqa: E402
+
+SEAM = HERE.parent / "tests" / "cpu_ddp"
+SIDES = ("plain", "rocm-yolo")
+PLAIN_RUNNER = """\
+import json, sys
+from ultralytics import YOLO
+YOLO("yolo26n.yaml").train(**json.loads(sys.argv[1]))
+"""
+
+
+def train_args(a, data: Path) -> dict:
+    return {
+        "data": str(data),
+        "device": a.device,
+        "epochs": a.epochs,
+        "imgsz": a.imgsz,
+        "batch": a.batch,
+        "workers": a.workers,
+        "val": False,
+        "plots": False,
+    }
+
+
+def command(a, side: str, data: Path, project: Path, name: str) -> list[str]:
+    if side == "plain":
+        args = {**train_args(a, data), "project": str(project), "name": name, "exist_ok": True}
+        return [sys.executable, "-c", PLAIN_RUNNER, json.dumps(args)]
+    return [
+        sys.executable,
+        "-m",
+        "rocm_yolo",
+        "train",
+        str(data),
+        "--model",
+        "yolo26n.yaml",
+        "--device",
+        a.device,
+        "--workers",
+        str(a.workers),
+        "--epochs",
+        str(a.epochs),
+        "--imgsz",
+        str(a.imgsz),
+        "--batch",
+        str(a.batch),
+        "val=False",
+        "plots=False",
+        "--project",
+        str(project),
+        "--name",
+        name,
+    ]
+
+
+def seam_env(cpu: bool) -> dict:
+    if not cpu:
+        return {}
+    path = os.pathsep.join(x for x in (str(SEAM), os.environ.get("PYTHONPATH")) if x)
+    return {"PYTHONPATH": path, "ROCM_YOLO_TEST_CPU_DDP": "1"}
+
+
+def one_run(a, side: str, rnd: int, data: Path, root: Path) -> list[float]:
+    project, name = root / side, f"r{rnd}"
+    project.mkdir(parents=True, exist_ok=True)
+    log = root / f"{side}-{name}.log"
+    t0 = time.monotonic()
+    code = run_logged(command(a, side, data, project, name), root, log, a.timeout, env=seam_env(a.cpu))
+    if code != 0:
+        tail = log.read_text(errors="replace")[-2000:]
+        raise SystemExit(f"{side} run {name} exited with {code}; log {log}:\n{tail}")
+    times = epoch_times(project / name / "results.csv")
+    epochs = " ".join(f"{t:.2f}" for t in times)
+    print(f"  round {rnd} {side:9s}: {time.monotonic() - t0:5.1f} s wall, epochs {epochs}", flush=True)
+    return times
+
+
+def report(a, results: dict) -> list[str]:
+    measured = list(range(1, a.epochs - 1))
+    mean = {side: [statistics.mean(run[e] for e in measured) for run in runs] for side, runs in results.items()}
+    ratios = [x / y for x, y in zip(mean["rocm-yolo"], mean["plain"])]
+    command_line = " ".join(["python", f"benchmarks/{Path(__file__).name}", shlex.join(sys.argv[1:])]).strip()
+    where = "CPU ranks through tests/cpu_ddp (gloo)" if a.cpu else "GPUs"
+    return [
+        f"Command: `{command_line}`",
+        "",
+        f"Machine: {machine_line()}",
+        "",
+        f"Settings: --device {a.device} on {where}, {a.train} train images, imgsz {a.imgsz}, batch {a.batch} "
+        f"(split across the ranks), workers {a.workers} a rank, {a.epochs} epochs, val=False, {a.rounds} interleaved "
+        f"rounds; mean epoch time of epochs {measured[0] + 1}-{measured[-1] + 1} in s, median (min-max) over rounds",
+        "",
+        "| side | epoch s | epoch 1 s (start-up) |",
+        "| --- | --- | --- |",
+        *(f"| {side} | {spread(mean[side])} | {spread([run[0] for run in results[side]])} |" for side in SIDES),
+        "",
+        f"rocm-yolo / plain, per round: {spread(ratios, '{:.3f}')} (goal: <= 1.03)",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--device", default="0,1", help="the GPUs of both sides (default: 0,1)")
+    p.add_argument("--cpu", action=argparse.BooleanOptionalAction, default=None, help="CPU ranks through the seam")
+    p.add_argument("--workers", type=int, default=1, help="DataLoader workers a rank (default: 1)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=5, help=">= 3 (default: 5)")
+    p.add_argument("--imgsz", type=int, default=64)
+    p.add_argument("--batch", type=int, default=8, help="the whole batch, split across the ranks (default: 8)")
+    p.add_argument("--train", type=int, default=64, help="train images in the generated data set (default: 64)")
+    p.add_argument("--dir", type=Path, help="work directory, kept (default: a temporary one, removed)")
+    p.add_argument("--timeout", type=float, default=900)
+    a = p.parse_args(argv)
+    stop_on_signals()
+    if a.epochs < 3 or a.rounds < 1:
+        p.error("--epochs must be >= 3 and --rounds >= 1")
+    try:
+        import cloudpickle  # noqa: F401
+    except ImportError:
+        p.error("plain Ultralytics' DDP launch pickles the trainer with cloudpickle: pip install 'cloudpickle>=3.1.1'")
+    if a.cpu is None:
+        import torch
+
+        a.cpu = not torch.cuda.is_available()
+    try:
+        with work_dir(a.dir, "bench-ddp-") as root:
+            from rocm_yolo.launch.demo import write_demo
+
+            data = write_demo(root / "data", train=a.train, val=16, size=max(a.imgsz, 64))
+            print(f"work directory: {root}\n{machine_line()}", flush=True)
+            results: dict = {side: [] for side in SIDES}
+            for rnd in range(1, a.rounds + 1):
+                for side in SIDES:
+                    results[side].append(one_run(a, side, rnd, data, root))
+            print("\n" + "\n".join(report(a, results)))
+            return 0
+    except KeyboardInterrupt:
+        return interrupted()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
