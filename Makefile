@@ -39,13 +39,13 @@ torch: $(VENV)/.torch ## only set up .venv and torch
 # the installed torch and torchvision as pip sees them (their metadata: torch.__version__ may add +cu130)
 export HOLD_TORCH := from importlib import metadata as m; [print(f"{d}=={m.version(d)}") for d in ("torch", "torchvision") if any(True for _ in m.distributions(name=d))]
 
-# the torch choice is needed: without it no step can be right
-have_choice = test -n "$(TORCH_ARGS)" || { echo "make: $(PYTHON) cannot run rocm_yolo/gpu/wheels.py: is Python 3.9+ installed as $(PYTHON)?"; exit 1; }
+# the torch choice is needed: without it no step can be right (the chooser's own error says why)
+have_choice = test -n "$(TORCH_ARGS)" || { echo "make: choosing torch failed: $$(PYTHONPATH=. $(PYTHON) -m rocm_yolo.gpu.wheels --pip-args 2>&1 | tail -n 1) (is Python 3.9+ installed as $(PYTHON)?)"; exit 1; }
 
 $(PY):
 	@$(have_choice)
 	@echo "make: creating $(VENV) ($(PYTHON) -m venv)"
-	@$(PYTHON) -m venv $(VENV) >/dev/null 2>&1 || { rm -rf $(VENV); echo "make: creating $(VENV) failed: $(PYTHON) -m venv (on Debian and Ubuntu: apt install python3-venv)"; exit 1; }
+	@out=$$($(PYTHON) -m venv $(VENV) 2>&1) || { rm -rf $(VENV); echo "make: creating $(VENV) failed: $$(echo "$$out" | grep -v '^\s*$$' | tail -n 1) (on Debian and Ubuntu without venv: apt install python3-venv)"; exit 1; }
 
 $(VENV)/.torch: | $(PY)
 	@if $(PY) -c "import torch" >/dev/null 2>&1; then \
@@ -55,16 +55,17 @@ $(VENV)/.torch: | $(PY)
 		echo "make: torch for this machine: $(TORCH_WHY)"; \
 		$(call step,installing torch: pip install $(TORCH_ARGS),$(PY) -m pip install --quiet $(TORCH_ARGS)); \
 	fi
-	@$(PY) -c "$$HOLD_TORCH" > $(VENV)/constraints.txt
 	@touch $@
 
-# A regular install (a wheel, as users get it), again whenever the sources change; the torch of .venv is
-# held (constraints.txt), so no dependency can swap it for another build. (For an editable install of
+# A regular install (a wheel, as users get it), again whenever the sources change; the torch in .venv at that
+# moment is held (constraints.txt, written anew each time), so no dependency can swap it for another build. (For an editable install of
 # your own: pip install -e ".[test]", see CONTRIBUTING.md.)
 $(VENV)/.project: pyproject.toml $(SOURCES) $(VENV)/.torch
+	@$(PY) -c "$$HOLD_TORCH" > $(VENV)/constraints.txt
 	@$(call step,installing rocm-yolo and its dependencies into $(VENV),$(PY) -m pip install --quiet -c $(VENV)/constraints.txt .)
 	@touch $@
 
 $(VENV)/.project-test: $(VENV)/.project
+	@$(PY) -c "$$HOLD_TORCH" > $(VENV)/constraints.txt
 	@$(call step,installing the test extras into $(VENV),$(PY) -m pip install --quiet -c $(VENV)/constraints.txt ".[test]")
 	@touch $@

@@ -57,6 +57,11 @@ def run_logged(cmd: list[str], cwd: Path, log: Path, timeout: float, env: dict |
         stop_all(proc, tag)  # a no-op after a clean exit; on timeout, Ctrl-C or error it stops everything
 
 
+def size_args(a) -> list[str]:
+    """``--epochs E --imgsz S --batch B`` of a ``rocm-yolo train`` command, from the script's arguments."""
+    return ["--epochs", str(a.epochs), "--imgsz", str(a.imgsz), "--batch", str(a.batch)]
+
+
 def machine_line() -> str:
     cpuinfo = Path("/proc/cpuinfo")
     model = (

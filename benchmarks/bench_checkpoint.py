@@ -39,7 +39,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import interrupted, machine_line, run_logged, stop_on_signals, work_dir  # noqa: E402
+from _common import interrupted, machine_line, run_logged, size_args, stop_on_signals, work_dir  # noqa: E402
 
 BASE = ["--model", "yolo26n.yaml", "--device", "cpu", "plots=False", "val=False", "--profile", "single"]
 
@@ -73,12 +73,7 @@ def cost_round(a, data: Path, root: Path, interval: str, rnd: int) -> dict:
         "train",
         str(data),
         *BASE,
-        "--epochs",
-        str(a.epochs),
-        "--imgsz",
-        str(a.imgsz),
-        "--batch",
-        str(a.batch),
+        *size_args(a),
         "--checkpoint-every",
         interval,
         "--project",

@@ -33,7 +33,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import interrupted, machine_line, run_logged, stop_on_signals, work_dir  # noqa: E402
+from _common import interrupted, machine_line, run_logged, size_args, stop_on_signals, work_dir  # noqa: E402
 from bench_train import epoch_times, spread  # noqa: E402
 
 SEAM = HERE.parent / "tests" / "cpu_ddp"
@@ -74,12 +74,7 @@ def command(a, side: str, data: Path, project: Path, name: str) -> list[str]:
         a.device,
         "--workers",
         str(a.workers),
-        "--epochs",
-        str(a.epochs),
-        "--imgsz",
-        str(a.imgsz),
-        "--batch",
-        str(a.batch),
+        *size_args(a),
         "val=False",
         "plots=False",
         "--project",

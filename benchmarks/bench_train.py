@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import interrupted, machine_line, run_logged, stop_on_signals, work_dir  # noqa: E402
+from _common import interrupted, machine_line, run_logged, size_args, stop_on_signals, work_dir  # noqa: E402
 
 PROFILES = ("fast", "safe", "threads", "single")
 SIDES = ("plain-0", "plain-W", *PROFILES)
@@ -103,12 +103,7 @@ def rocm_cmd(a, data: Path, side: str, project: Path, name: str) -> list[str]:
         *profile,
         "--device",
         a.device,
-        "--epochs",
-        str(a.epochs),
-        "--imgsz",
-        str(a.imgsz),
-        "--batch",
-        str(a.batch),
+        *size_args(a),
         "val=False",
         "plots=False",
         "--project",

@@ -14,6 +14,7 @@ from typing import Iterator
 
 from rocm_yolo.doctor.report import FAIL, OK, WARN, Options, Row
 from rocm_yolo.gpu import wheels
+from rocm_yolo.gpu.arch import architectures
 
 # What RCCL needs on the kernel command line: (the option, what happens without it, public sources)
 KERNEL_OPTIONS = (
@@ -36,7 +37,7 @@ def check_multi_gpu(opts: Options, gpus: list) -> Iterator[Row]:
 
 
 def _architectures(gpus: list) -> Row:
-    archs = list(dict.fromkeys(g.arch for g in gpus))
+    archs = architectures(gpus)
     listing = "; ".join(f"GPU {i}: {g.describe()}" for i, g in enumerate(gpus))
     data = {"gpus": len(gpus), "archs": archs}
     if len(archs) == 1:
@@ -47,7 +48,7 @@ def _architectures(gpus: list) -> Row:
         WARN,
         f"{len(gpus)} GPUs of mixed architectures {', '.join(archs)} ({listing})",
         "every rank runs the same model: torch needs code for each ("
-        + wheels.choose(archs, env={}).command()
+        + wheels.choose(archs, env={}).advice()
         + "), and the run goes at the pace of the slowest GPU; --device can name same-architecture GPUs only",
         data=data,
     )

@@ -18,6 +18,7 @@ from typing import Iterator
 
 from rocm_yolo.doctor.report import FAIL, OK, SKIP, WARN, Options, Row, loader_plan
 from rocm_yolo.gpu import wheels
+from rocm_yolo.gpu.arch import architectures
 from rocm_yolo.gpu.torch_build import torch_build
 from rocm_yolo.supervisor.proctree import Outcome, run_bounded
 from rocm_yolo.ultralytics_rules.versions import SUPPORTED_ULTRALYTICS, untested
@@ -99,7 +100,7 @@ def check_versions(opts: Options, gpus: list | None, torch_error: str | None = N
     build = torch_build()
     kind = torch_kind(build)
     have_gpu = bool(gpus)
-    archs = list(dict.fromkeys(g.arch for g in gpus or ()))
+    archs = architectures(gpus)
     data = dict(build, kind=kind)
     if build.get("path") is None:
         yield Row(

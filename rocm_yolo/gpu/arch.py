@@ -149,6 +149,11 @@ def detect_gpus(root=None) -> list[GpuNode]:
     return gpus
 
 
+def architectures(gpus: list[GpuNode] | None) -> list[str]:
+    """The distinct architectures of ``gpus``, in node order: ``["gfx1010", "gfx1030"]``."""
+    return list(dict.fromkeys(g.arch for g in gpus or ()))
+
+
 def detect_arch(root=None) -> str | None:
     """The first GPU's architecture (e.g. ``"gfx1010"``), or None without an AMD GPU."""
     gpus = detect_gpus(root)

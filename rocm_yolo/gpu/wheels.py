@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping
 
-from rocm_yolo.gpu.arch import detect_gpus, family, gfx_name, parse_override
+from rocm_yolo.gpu.arch import architectures, detect_gpus, family, gfx_name, parse_override
 
 AMD_INDEX = "https://stable.repo.amd.com/rocm/whl-next/"  # Ultralytics' AMD guide, read 2026-11-24
 READ_ON = "2026-11-24"
@@ -140,7 +140,7 @@ def choose(archs: list[str], env: Mapping[str, str] = os.environ) -> TorchChoice
 
 def for_this_machine(env: Mapping[str, str] = os.environ, root=None) -> TorchChoice:
     """:func:`choose` for the GPUs of the KFD topology (``$ROCM_YOLO_KFD_ROOT`` in tests)."""
-    return choose(list(dict.fromkeys(g.arch for g in detect_gpus(root))), env)
+    return choose(architectures(detect_gpus(root)), env)
 
 
 def main(argv: list[str] | None = None) -> int:

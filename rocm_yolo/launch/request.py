@@ -57,6 +57,9 @@ def check_name(name: str) -> str:
 def check_devices(device: object, batch: object, resumed: bool = False) -> None:
     """Several GPUs (one DDP rank each): each named once, and a batch that divides by their number (a resume
     that gives no batch keeps its run's, checked when it started)."""
+    why = devices.check_list(device)
+    if why is not None:
+        raise UsageError(why)
     ids = devices.gpu_ids(device)
     if len(set(ids)) != len(ids):
         raise UsageError(f"--device {device}: a GPU is named twice; name each once, e.g. --device {ids[0]}")

@@ -17,15 +17,35 @@ WORLD_SIZE_ENV = "WORLD_SIZE"
 DEFAULT_BATCH = 16  # Ultralytics' default batch, split across the ranks
 
 
-def gpu_ids(device: object) -> list[str]:
-    """The GPU ids a ``device`` argument names: ``"0,1"``, ``[0, 1]`` or ``"0, 2"`` -> ``["0", "1"]``...;
-    [] for ``cpu``, ``mps``, auto (None, ``""``) and anything else that is not a list of ids."""
+def devices_named(device: object) -> list[str]:
+    """The devices a ``device`` argument names, as Ultralytics' ``parse_device`` reads it: ``"0,1"``,
+    ``[0, 1]``, ``"cuda:0,1"`` and ``"0, 1"`` -> ``["0", "1"]``; ``"cpu"`` -> ``["cpu"]``; auto -> []."""
     if isinstance(device, (list, tuple)):
         text = ",".join(str(x) for x in device)
     else:
         text = str(device if device is not None else "")
-    parts = [x.strip() for x in text.strip().strip("[]()").split(",") if x.strip()]
-    return parts if parts and all(x.isdigit() for x in parts) else []
+    text = text.lower().replace("cuda:", "").replace("none", "")
+    for char in "[]()'\" ":
+        text = text.replace(char, "")
+    return [str(int(x)) if x.isdigit() else x for x in text.split(",") if x]
+
+
+def gpu_ids(device: object) -> list[str]:
+    """The GPU ids a ``device`` argument names (``"0,1"`` -> ``["0", "1"]``); [] for ``cpu``, ``mps``,
+    auto (None, ``""``) and anything else that is not a list of ids."""
+    named = devices_named(device)
+    return named if named and all(x.isdigit() for x in named) else []
+
+
+def check_list(device: object) -> str | None:
+    """Why a ``device`` that names several devices cannot be a multi-GPU run of rocm-yolo, or None."""
+    named = devices_named(device)
+    if len(named) < 2 or all(x.isdigit() for x in named):
+        return None
+    return (
+        f"--device {device}: several devices must be GPU ids, each named (e.g. --device 0,1); "
+        "auto-selected (-1) and other kinds of devices cannot be split into ranks here"
+    )
 
 
 def world_size(train_args: Mapping[str, object]) -> int:
@@ -49,6 +69,8 @@ def check_batch(batch: object, ids: list[str]) -> str | None:
     if n < 2:
         return None
     value = DEFAULT_BATCH if batch is None else batch
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # batch=8.0 is 8, as --batch reads it
     example = f"batch={n * 8}"
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         return (

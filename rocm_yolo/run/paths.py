@@ -67,14 +67,14 @@ class RunPaths:
     def hang_stacks(self, attempt: int) -> Path:
         return self.run_dir / f"hang-{attempt}-stacks.txt"
 
-    def crash(self, attempt: int) -> Path:
-        return self.run_dir / f"crash-{attempt}.txt"
+    def crash(self, attempt: int, rank: int | None = None) -> Path:
+        return self.run_dir / f"crash-{attempt}{_rank_suffix(rank)}.txt"
 
-    def setup_error(self, attempt: int) -> Path:
-        return self.run_dir / f"setup-{attempt}.txt"
+    def setup_error(self, attempt: int, rank: int | None = None) -> Path:
+        return self.run_dir / f"setup-{attempt}{_rank_suffix(rank)}.txt"
 
-    def internal_error(self, attempt: int) -> Path:
-        return self.run_dir / f"internal-{attempt}.txt"
+    def internal_error(self, attempt: int, rank: int | None = None) -> Path:
+        return self.run_dir / f"internal-{attempt}{_rank_suffix(rank)}.txt"
 
     def mid_checkpoint(self, epoch: int, batches: int) -> Path:
         """A mid-epoch checkpoint: ``batches`` batches of epoch ``epoch`` (1-based) done."""
@@ -122,6 +122,11 @@ class RunPaths:
         """A rank's heartbeat file: rank 0's (or a single GPU's) is the run's, ``heartbeat.json``."""
         return self.heartbeat if not rank else self.state / f"heartbeat-rank{rank}.json"
 
+    @property
+    def ranks_fifo(self) -> Path:
+        """A multi-GPU run's FIFO: the ranks' heartbeat lines, which the launcher relays to the supervisor."""
+        return self.state / "ranks.fifo"
+
     def rank_heartbeats(self) -> list[tuple[int, Path]]:
         """The heartbeat files of a multi-GPU run's ranks above 0, by rank."""
         found = []
@@ -168,6 +173,11 @@ class RunPaths:
     def fault_trigger_of(self, rank: int | None) -> Path:
         """The file whose existence makes ``worker-hang``'s workers block (one per rank of a multi-GPU run)."""
         return self.state / ("fault.trigger" if not rank else f"fault-rank{rank}.trigger")
+
+
+def _rank_suffix(rank: int | None) -> str:
+    """A multi-GPU run's ranks above 0 keep their own files (rank 0's, and a one-GPU run's, are the run's)."""
+    return f"-rank{rank}" if rank else ""
 
 
 # --------------------------------------------------------------------------- user level

@@ -101,10 +101,13 @@ class MidEpochResume:
         state = self.state
         found = (len(loader), len(loader.dataset), sample_order.batch_size(loader))
         saved = (state["batches"], state["samples"], state["batch_size"])
-        if found != saved:
+        # one GPU draws each pass from a generator, several from DistributedSampler's epoch: no replay across
+        ranks_changed = isinstance(state["sampler"]["state"], dict) != self.order.sampler.distributed
+        if found != saved or ranks_changed:
+            what = "the number of GPUs" if ranks_changed and found == saved else "the data set or batch"
             self.log.event(
                 "resume_position",
-                f"the data set or batch changed ({saved[1]} images in {saved[0]} batches "
+                f"{what} changed ({saved[1]} images in {saved[0]} batches "
                 f"of {saved[2]} -> {found[1]} in {found[0]} of {found[2]}): training epoch "
                 f"{state['epoch'] + 1} from its first batch",
                 found=found,

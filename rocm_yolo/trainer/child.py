@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     log = RunLog(paths.log, paths.events, rank=rank)
     log.event("start_method", method=multiprocessing.get_start_method(), torch_imported=torch_was_imported)
     # no orphan if killed -9: the launcher and a one-GPU child die with the supervisor, a rank with its launcher
-    die_with_parent(os.getppid() if rank is not None else int(os.environ.get(SUPERVISOR_ENV, "0") or 0))
+    die_with_parent(_parent(rank, SUPERVISOR_ENV))
     try:
         paths.stacks.mkdir(parents=True, exist_ok=True)
         stack_file = open(paths.trainer_stacks(os.getpid()), "a")  # open for the life of the process
@@ -72,9 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         return _setup_failure(spec, log, e)
     if rank is None and devices.world_size(spec.train_args) > 1:
-        from rocm_yolo.trainer import launcher
-
-        return launcher.launch(spec, argv[0], log)  # one rank per GPU; this process imports no torch
+        return _launch(spec, argv[0], log)  # one rank per GPU; this process imports no torch
     signal.signal(signal.SIGTERM, _on_sigterm)
     if rank is None:
         return _train(spec, log)
@@ -82,6 +80,26 @@ def main(argv: list[str] | None = None) -> int:
 
     with ranks.reporting(rank) as report:
         return report(_train(spec, log))
+
+
+def _parent(rank: int | None, supervisor_env: str) -> int:
+    """The process this one dies with: torch.distributed.run for a rank, else the supervisor."""
+    if rank is not None:
+        from rocm_yolo.trainer.launcher import TORCHRUN_PID_ENV
+
+        return int(os.environ.get(TORCHRUN_PID_ENV) or os.getppid())
+    return int(os.environ.get(supervisor_env, "0") or 0)
+
+
+def _launch(spec: RunSpec, spec_path: str, log) -> int:
+    from rocm_yolo.trainer import launcher
+
+    try:
+        return launcher.launch(spec, spec_path, log)
+    except KeyboardInterrupt:
+        return errors.INTERRUPTED
+    except BaseException as e:  # the launch itself failed (no FIFO, no process): the environment, or a bug
+        return _setup_failure(spec, log, e)
 
 
 def _train(spec: RunSpec, log) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from rocm_yolo import errors
 from rocm_yolo.run import checkpoints
+from rocm_yolo.run.devices import rank
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.lifecycle import signal_name
 from rocm_yolo.run.spec import RunSpec
@@ -25,7 +26,7 @@ def say_user_error(log: RunLog, message: str) -> int:
 
 
 def _say_setup_error(spec: RunSpec, log: RunLog, error: BaseException, reason: str) -> int:
-    saved = errors.save_traceback(error, spec.paths.setup_error(spec.attempt))
+    saved = errors.save_traceback(error, spec.paths.setup_error(spec.attempt, rank()))
     where = f" (details in {saved})" if saved else ""
     log.event(
         "setup_error",
@@ -43,8 +44,8 @@ def report_setup_failure(spec: RunSpec, log: RunLog, error: BaseException) -> in
         return say_user_error(log, found.line)
     if found.kind == errors.ENVIRONMENT:
         return _say_setup_error(spec, log, error, found.line)
-    code = errors.report_internal(error, spec.paths.internal_error(spec.attempt))
-    log.event("internal_error", error=found.line, path=str(spec.paths.internal_error(spec.attempt)))
+    code = errors.report_internal(error, spec.paths.internal_error(spec.attempt, rank()))
+    log.event("internal_error", error=found.line, path=str(spec.paths.internal_error(spec.attempt, rank())))
     return code
 
 
@@ -91,7 +92,7 @@ def report_training_failure(spec: RunSpec, log: RunLog, error: BaseException) ->
         return _say_setup_error(spec, log, error, errors.classify(error).line)
     if isinstance(error, BUG_TYPES) and errors.raised_by_rocm_yolo(error):
         return report_setup_failure(spec, log, error)  # classified internal: not retried
-    path = errors.save_traceback(error, spec.paths.crash(spec.attempt))
+    path = errors.save_traceback(error, spec.paths.crash(spec.attempt, rank()))
     first = errors.one_line(error)
     log.event(
         "crash_traceback",

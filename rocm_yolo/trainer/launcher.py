@@ -44,9 +44,11 @@ from rocm_yolo.run.devices import world_size
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.heartbeat import FD_ENV
 from rocm_yolo.run.lifecycle import pdeathsig_kill
+from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import RunSpec
 
 FIFO_ENV = "ROCM_YOLO_HEARTBEAT_FIFO"  # in each rank: where its heartbeat lines go
+TORCHRUN_PID_ENV = "ROCM_YOLO_TORCHRUN_PID"  # in each rank: the torch.distributed.run it dies with
 EXIT_PREFIX = "X "  # a rank's last line: "X RANK CODE"
 # what a rank's exit code says, most telling first: a user error or a finished run is no crash to retry
 TELLING = (errors.USAGE, errors.CHILD_FINISHED, errors.SETUP, errors.INTERNAL)
@@ -98,6 +100,8 @@ class Relay(threading.Thread):
         self.read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
         self.keep_open = os.open(fifo, os.O_WRONLY)  # no end-of-file while no rank has opened it yet
         os.set_blocking(self.read_fd, True)
+        if out_fd is not None:
+            os.set_blocking(out_fd, False)  # a supervisor that stops reading (Ctrl-Z) never stalls the relay
         self.out_fd = out_fd
         self.exits: dict[int, int] = {}
         self.pending = b""
@@ -132,29 +136,42 @@ class Relay(threading.Thread):
     def stop(self) -> None:
         """After the ranks are gone: the FIFO ends, the thread reads what is left and stops."""
         os.close(self.keep_open)
-        self.join(timeout=5)
+        if self.ident is not None:
+            self.join(timeout=5)
+        if not self.is_alive():
+            os.close(self.read_fd)
 
 
-def outcome(launcher_code: int, exits: dict[int, int], ranks: int) -> int:
-    """The run's exit code from ``torch.distributed.run``'s and the ranks' own."""
-    if launcher_code == 0 and all(exits.get(r) == errors.OK for r in range(ranks)):
+def outcome(launcher_code: int, exits: dict[int, int]) -> int:
+    """The run's exit code from ``torch.distributed.run``'s (0 only when every rank exited 0) and the ranks' own."""
+    if launcher_code == 0:
         return errors.OK
-    for telling in TELLING:
-        if telling in exits.values():
+    for telling in TELLING:  # what a rank said, then what the launcher itself said (a broken torch)
+        if telling in exits.values() or telling == launcher_code:
             return telling
     return errors.FAILED  # a crash: the supervisor restarts it
+
+
+def make_fifo(paths: RunPaths) -> tuple[Path, Path | None]:
+    """The ranks' FIFO, in the run's state directory (a stale one of a killed launcher is replaced); where
+    that file system has no FIFOs, in a temporary directory (returned too, to remove)."""
+    try:
+        paths.ranks_fifo.unlink(missing_ok=True)
+        os.mkfifo(paths.ranks_fifo, 0o600)
+        return paths.ranks_fifo, None
+    except OSError:
+        tmp = Path(tempfile.mkdtemp(prefix="rocm-yolo-ranks-"))
+        os.mkfifo(tmp / "heartbeat", 0o600)
+        return tmp / "heartbeat", tmp
 
 
 def launch(spec: RunSpec, spec_path: str, log: RunLog) -> int:
     """Start one rank per GPU and wait for them; the exit code the supervisor acts on."""
     ranks = world_size(spec.train_args)
     port = free_port()
-    tmp = Path(tempfile.mkdtemp(prefix="rocm-yolo-ranks-"))
-    fifo = tmp / "heartbeat"
-    os.mkfifo(fifo, 0o600)
+    fifo, tmp = make_fifo(spec.paths)
     out_fd = os.environ.get(FD_ENV)
     relay = Relay(fifo, int(out_fd) if out_fd and out_fd.isdigit() else None)
-    relay.start()
     env = {k: v for k, v in os.environ.items() if k != FD_ENV}
     env[FIFO_ENV] = str(fifo)
     log.event(
@@ -165,7 +182,13 @@ def launch(spec: RunSpec, spec_path: str, log: RunLog) -> int:
         port=port,
     )
     torch_log = str(spec.paths.state / "torchrun.log")
-    proc = subprocess.Popen(command(spec_path, ranks, port, torch_log), env=env, preexec_fn=pdeathsig_kill)
+    try:  # started before the relay's thread: a fork with a second thread running is unsafe with preexec_fn
+        proc = subprocess.Popen(command(spec_path, ranks, port, torch_log), env=env, preexec_fn=pdeathsig_kill)
+    except BaseException:
+        relay.stop()
+        _remove(fifo, tmp)
+        raise
+    relay.start()
     stopped: list[int] = []
 
     def forward(signum, frame):  # the supervisor stops the run: torch.distributed.run stops its ranks
@@ -181,7 +204,13 @@ def launch(spec: RunSpec, spec_path: str, log: RunLog) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         relay.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(fifo, tmp)
     if stopped:
         return 128 + stopped[0]
-    return outcome(code, relay.exits, ranks)
+    return outcome(code, relay.exits)
+
+
+def _remove(fifo: Path, tmp: Path | None) -> None:
+    fifo.unlink(missing_ok=True)
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -13,14 +13,24 @@ is ``torch.distributed.run.main`` unchanged. The ranks' own output still reaches
 from __future__ import annotations
 
 import logging
+import os
 import sys
+
+from rocm_yolo import errors
+from rocm_yolo.run.events import PREFIX
+from rocm_yolo.trainer.launcher import TORCHRUN_PID_ENV
 
 
 def main(argv: list[str]) -> int:
     log_path, args = argv[0], argv[1:]
-    from torch.distributed import run
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    os.environ[TORCHRUN_PID_ENV] = str(os.getpid())  # the ranks inherit it: each dies with this process
+    try:
+        from torch.distributed import run
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    except Exception as e:  # a broken torch: no rank can start, and a restart would not help
+        print(f"{PREFIX} environment error: torch.distributed.run cannot start: {errors.one_line(e)}", file=sys.stderr)
+        return errors.SETUP
 
     handler = logging.FileHandler(log_path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -40,6 +50,10 @@ def main(argv: list[str]) -> int:
     except SignalException as e:  # stopped by the launcher (SIGTERM): the ranks were stopped first
         reports.warning("stopped: %s", e)
         return 128 + int(e.sigval)
+    except Exception as e:  # the rendezvous failed (the port was taken meanwhile), ...: a crash, restarted
+        reports.exception("torch.distributed.run failed")
+        print(f"{PREFIX} torch.distributed.run failed: {errors.one_line(e)} (more in {log_path})", file=sys.stderr)
+        return errors.FAILED
     return 0
 
 

@@ -138,7 +138,7 @@ def test_ctrl_c_then_sigkill_of_the_resumed_supervisor_leave_no_rank_and_status_
     assert proc.wait(timeout=60) == 130
     out = cli.read()
     assert "Traceback" not in out and "resume with: rocm-yolo train --resume" in out, out[-3000:]
-    assert cli.leftovers() == []
+    assert cli.leftovers() == [] and not RunPaths(run).ranks_fifo.exists()  # the launcher removed its FIFO
 
     proc = cli.start("train", "--resume", str(run / "weights" / "last.pt"))  # on the run's own 2 GPUs
     wait_for(lambda: getattr(heartbeat.read(beat), "attempt", 0) == 2, 120, "the resumed attempt", proc, cli)

@@ -140,6 +140,7 @@ def test_a_second_make_demo_installs_nothing(clone):
     os.utime(source, (later + 10, later + 10))
     again = make(clone, "-n", "demo").stdout
     assert "installing rocm-yolo" in again and "installing torch" not in again and "creating .venv" not in again
+    assert '-c "$HOLD_TORCH" > .venv/constraints.txt' in again  # the torch there now is held, not the first one
 
 
 def test_a_failed_step_says_which_and_why_in_one_line(clone):
@@ -152,10 +153,12 @@ def test_a_failed_step_says_which_and_why_in_one_line(clone):
     assert lines[-1].endswith("(all of it: .venv/make.log)")
     assert not (clone / ".venv/.torch").exists()  # the next `make` tries again
     missing = make(clone, "demo", python="/nonexistent/python3")  # .venv is there, torch is not
-    assert missing.returncode != 0 and "cannot run rocm_yolo/gpu/wheels.py" in missing.stdout
+    assert missing.returncode != 0 and "make: choosing torch failed: " in missing.stdout
+    assert "/nonexistent/python3: not found" in missing.stdout
     shutil.rmtree(clone / ".venv")
     missing = make(clone, "demo", python="/nonexistent/python3")
-    assert missing.returncode != 0 and "cannot run rocm_yolo/gpu/wheels.py" in missing.stdout
+    assert missing.returncode != 0 and "make: choosing torch failed: " in missing.stdout
+    assert "/nonexistent/python3: not found" in missing.stdout
 
 
 def test_ci_runs_make_test_and_the_readme_shows_what_make_runs():

@@ -55,9 +55,15 @@ def test_a_name_must_stay_inside_the_project(tiny_data, tmp_path, name):
         ("0,1", {"batch": 5}, "batch=5 does not divide by the 2 GPUs of --device 0,1 (each rank trains batch/2"),
         (None, {"device": [0, 1], "batch": -1}, "batch=-1: AutoBatch and fractions work on one GPU only"),
         ("0,0", {}, "--device 0,0: a GPU is named twice"),
+        ("-1,-1", {}, "--device -1,-1: several devices must be GPU ids, each named"),
+        ("npu:0,1", {}, "several devices must be GPU ids"),
+        ("0,1", {"batch": 8.0}, None),  # a whole-number float is that number
     ],
 )
 def test_a_multi_gpu_run_needs_a_batch_each_gpu_gets_a_share_of(tiny_data, tmp_path, device, extra, message):
+    if message is None:
+        assert make_spec(str(tiny_data), project=str(tmp_path / "p"), device=device, extra=dict(extra))
+        return
     with pytest.raises(UsageError) as e:
         launch.prepare(str(tiny_data), project=str(tmp_path / "p"), device=device, extra=dict(extra))
     assert message in str(e.value)
