@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from rocm_yolo.run.devices import DEFAULT_BATCH
 from rocm_yolo.run.profiles import DEFAULT_PROFILE
 
 EXIT_OK = 0
@@ -28,7 +29,7 @@ _COLOURS = {OK: "\033[32m", WARN: "\033[33m", FAIL: "\033[31m", SKIP: "\033[2m"}
 CHECKS = ("versions", "gpu", "shm", "start", "data", "loader", "conv", "kernel")
 
 
-TRAIN_SIZES = {"batch": 16, "imgsz": 640}  # Ultralytics' train defaults: what the shared-memory estimate assumes
+TRAIN_SIZES = {"batch": DEFAULT_BATCH, "imgsz": 640}  # Ultralytics' train defaults: the shared-memory estimate's
 
 
 @dataclass

@@ -166,10 +166,6 @@ class RunPaths:
         """The marker that fault ``kind`` has fired in this run (faults fire once per run)."""
         return self.state / f"fault-{kind}.fired"
 
-    @property
-    def fault_trigger(self) -> Path:
-        return self.fault_trigger_of(None)
-
     def fault_trigger_of(self, rank: int | None) -> Path:
         """The file whose existence makes ``worker-hang``'s workers block (one per rank of a multi-GPU run)."""
         return self.state / ("fault.trigger" if not rank else f"fault-rank{rank}.trigger")
