@@ -15,7 +15,8 @@ from pathlib import Path
 
 import psutil
 
-from rocm_yolo.supervisor.proctree import with_env
+from rocm_yolo import environment
+from rocm_yolo.process.tree import with_env
 
 TAG_VAR = "ROCM_YOLO_BENCH_TAG"  # every process a run starts inherits it: cleanup finds them all
 
@@ -40,8 +41,11 @@ def run_logged(cmd: list[str], cwd: Path, log: Path, timeout: float, env: dict |
     """Run ``cmd`` with its output in ``log``; whatever happens, leave none of its processes behind."""
     tag = uuid.uuid4().hex
     full_env = {**os.environ, TAG_VAR: tag, "PYTHONUNBUFFERED": "1"}
-    full_env.pop("ROCM_YOLO_FAULT", None)
+    for var in (environment.FAULT, environment.RECORD_BATCHES, environment.PLUGINS):
+        full_env.pop(var, None)
     full_env.update(env or {})
+    if environment.FAULT in full_env or environment.RECORD_BATCHES in full_env:
+        full_env[environment.PLUGINS] = "rocm_yolo.testing"  # the plugin that answers rocm_yolo.run.hooks
     proc = None
     try:
         with open(log, "w") as out:

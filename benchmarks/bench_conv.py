@@ -44,7 +44,7 @@ def worker(args) -> dict:
     import torch
     from ultralytics import YOLO
 
-    from rocm_yolo.patches.conv import install
+    from rocm_yolo.conv.patch import install
 
     install(args.worker)
     if args.threads:

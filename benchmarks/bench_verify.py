@@ -36,7 +36,7 @@ def timed(fn, rounds: int) -> float:
 
 
 def per_batch(calls: int, positions: bool, root: Path) -> float:
-    from rocm_yolo.trainer.heartbeat import HeartbeatWriter
+    from rocm_yolo.trainer.callbacks.heartbeat_writer import HeartbeatWriter
 
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)

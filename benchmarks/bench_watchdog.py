@@ -119,7 +119,7 @@ def heartbeat_it_s(run: Path) -> float | None:
 # (b) heartbeat cost ---------------------------------------------------------------------------
 def heartbeat_cost(calls: int, writes: int) -> dict:
     from rocm_yolo.run.heartbeat import MIN_INTERVAL
-    from rocm_yolo.trainer.heartbeat import HeartbeatWriter
+    from rocm_yolo.trainer.callbacks.heartbeat_writer import HeartbeatWriter
 
     with tempfile.TemporaryDirectory(prefix="bench-hb-") as tmp:
         writer = HeartbeatWriter(Path(tmp) / "heartbeat.json")

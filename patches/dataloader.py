@@ -5,7 +5,7 @@ included (it calls ``DataLoader.__init__`` through ``super()``), gets the run's 
 settings when it has worker processes:
 
 - ``multiprocessing_context``: the profile's start method (the preloaded fork server,
-  :mod:`rocm_yolo.trainer.forkserver`, by default), unless the loader chose one itself (a
+  :mod:`rocm_yolo.trainer.loaders.forkserver`, by default), unless the loader chose one itself (a
   user's explicit ``start_method=`` wins over both);
 - ``persistent_workers``, ``prefetch_factor``, ``pin_memory`` and ``timeout`` from the profile;
 - ``worker_init_fn`` wrapped by :class:`WorkerInit`, which registers faulthandler in the
@@ -36,10 +36,45 @@ from typing import Any, Callable, Mapping
 import torch.utils.data
 
 from rocm_yolo.patches import threads
+from rocm_yolo.process.lifecycle import DUMP_SIGNAL, alive, die_with_parent  # DUMP_SIGNAL: the watchdog's stack dump
 from rocm_yolo.run import hooks
-from rocm_yolo.run.lifecycle import DUMP_SIGNAL, alive, die_with_parent  # DUMP_SIGNAL: the watchdog's stack dump
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.profiles import LoaderSettings
+from rocm_yolo.ultralytics_rules import compat
+
+# torch internals this patch relies on (checked at start-up with Ultralytics' own, rocm_yolo.ultralytics_rules.compat)
+DATALOADER_ARGS = (
+    "num_workers",
+    "multiprocessing_context",
+    "persistent_workers",
+    "prefetch_factor",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+)
+
+
+def _dataloader_args() -> bool:
+    params = inspect.signature(torch.utils.data.DataLoader.__init__).parameters
+    return all(name in params for name in DATALOADER_ARGS)
+
+
+def _iterator_workers() -> bool:
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    return "self._workers" in compat.source(_MultiProcessingDataLoaderIter.__init__) + compat.source(
+        getattr(_MultiProcessingDataLoaderIter, "_reset", None) or (lambda: None)
+    )
+
+
+REQUIREMENTS = (
+    compat.Requirement(
+        f"DataLoader({', '.join(DATALOADER_ARGS)})", "spawn-safe DataLoaders", True, _dataloader_args, owner="torch"
+    ),
+    compat.Requirement(
+        "DataLoader iterator ._workers", "worker PIDs in the events log", False, _iterator_workers, owner="torch"
+    ),
+)
 
 _original_init: Callable | None = None
 _settings: LoaderSettings | None = None

@@ -61,8 +61,9 @@ import torch.utils.data
 
 from rocm_yolo.patches import thread_rng
 from rocm_yolo.run import hooks
+from rocm_yolo.ultralytics_rules import compat
 
-try:  # torch internals (listed in rocm_yolo.trainer.compat): without them the marked loaders load in the main thread
+try:  # torch internals (REQUIREMENTS below): without them the marked loaders load in the main thread
     from torch._utils import ExceptionWrapper
     from torch.utils.data._utils.pin_memory import pin_memory as _pin
     from torch.utils.data._utils.worker import _generate_state
@@ -95,6 +96,23 @@ class ThreadPlan:
 
 def available() -> bool:
     return _BaseDataLoaderIter is not None
+
+
+def _patchable() -> bool:
+    return available() and "_get_iterator" in torch.utils.data.DataLoader.__dict__ and thread_rng.patchable()
+
+
+# torch internals this patch relies on (checked at start-up with Ultralytics' own, rocm_yolo.ultralytics_rules.compat)
+REQUIREMENTS = (
+    compat.Requirement(
+        "DataLoader._get_iterator, _BaseDataLoaderIter, _DatasetKind, ExceptionWrapper, _generate_state; "
+        "random._inst and numpy.random.mtrand._rand",
+        "loader threads (profile threads: its loaders load in the main thread instead)",
+        False,
+        _patchable,
+        owner="torch",
+    ),
+)
 
 
 def installed() -> bool:

@@ -30,8 +30,7 @@ import itertools
 import sys
 from types import FrameType
 
-LOOP_FUNCTION = "_do_train"
-LOOP_LOCALS = ("i", "ni", "nb", "epoch", "last_opt_step")  # the locals rocm-yolo reads or sets
+from rocm_yolo.ultralytics_rules.train_loop import LOOP_FUNCTION, LOOP_LOCALS
 
 _module = None  # ultralytics.engine.trainer while installed
 _armed: tuple | None = None  # (loader, start, count)

@@ -13,11 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from rocm_yolo import __version__, errors
-from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
+from rocm_yolo import __version__, errors, triage
 from rocm_yolo.errors import UsageError
-from rocm_yolo.run.profiles import DEFAULT_PROFILE, PROFILES, parse_ladder
-from rocm_yolo.supervisor.config import DEFAULTS as WATCHDOG
+from rocm_yolo.run.profiles import PROFILES
 
 EPILOG = errors.HELP
 
@@ -30,6 +28,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def _add_train(sub) -> None:
+    from rocm_yolo.launch.train_request import add_arguments
+
     p = sub.add_parser(
         "train",
         help="train a YOLO model (safe DataLoaders, profiles, watchdog, resume)",
@@ -39,81 +39,7 @@ def _add_train(sub) -> None:
         "loader settings too: persistent_workers=, prefetch_factor=, pin_memory=, timeout=, val_workers=, "
         "threads= (loader threads of --profile threads).",
     )
-    p.add_argument(
-        "data",
-        nargs="?",
-        metavar="DATA",
-        help="dataset YAML (for a -cls model: a directory of class folders), or 'demo' for the built-in demo set",
-    )
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Ultralytics train arguments")
-    p.add_argument("--model", help="model .pt or .yaml (default: Ultralytics' yolo26n.pt; yolo26n.yaml for demo)")
-    p.add_argument("--workers", metavar="N", help="DataLoader workers (default: the profile's)")
-    p.add_argument(
-        "--profile", choices=list(PROFILES), help=f"settings profile (default: {DEFAULT_PROFILE}; on resume: the run's)"
-    )
-    p.add_argument("--epochs", type=int, metavar="N")
-    p.add_argument("--imgsz", type=int, metavar="N")
-    p.add_argument("--batch", type=float, metavar="N", help="batch size (-1 for AutoBatch)")
-    p.add_argument(
-        "--device",
-        metavar="D",
-        help="cpu, 0, 1, ..., or 0,1 for several GPUs (Ultralytics' DDP, one rank per GPU; batch divides by them) "
-        "(default: Ultralytics' choice)",
-    )
-    p.add_argument("--project", metavar="DIR", help="output directory (default: runs/TASK, e.g. runs/detect)")
-    p.add_argument("--name", metavar="NAME", help="run name (default: train, train-2, ...)")
-    p.add_argument(
-        "--resume",
-        nargs="?",
-        const=True,
-        metavar="LAST_PT",
-        help="continue a run from its last.pt (default: the newest under the project)",
-    )
-    p.add_argument(
-        "--conv",
-        choices=CONV_STRATEGIES,
-        help="Conv2d strategy for GPUs whose MIOpen convolutions fail; miopen-off turns MIOpen off "
-        "for the whole process (default: auto: the fastest that passes a self-test)",
-    )
-    p.add_argument(
-        "--checkpoint-every",
-        metavar="INTERVAL",
-        help="write a mid-epoch checkpoint this often: 30s, 10m, 1h, 500ba (batches), or 0 for never "
-        "(default: 10m; on resume: the run's); a hang then costs at most that much work",
-    )
-    _add_watchdog(p.add_argument_group("watchdog"))
-
-
-def _add_watchdog(w) -> None:
-    w.add_argument("--no-watchdog", action="store_true", help="no stall detection and no automatic restarts")
-    w.add_argument(
-        "--stall-timeout",
-        type=float,
-        default=WATCHDOG.stall_timeout,
-        metavar="SECONDS",
-        help=f"a hang is no progress for this long at least (default: {WATCHDOG.stall_timeout:g}; "
-        "grows with slow steps)",
-    )
-    w.add_argument(
-        "--startup-grace",
-        type=float,
-        default=WATCHDOG.startup_grace,
-        metavar="SECONDS",
-        help=f"allowance before the first training batch of each attempt (default: {WATCHDOG.startup_grace:g})",
-    )
-    w.add_argument(
-        "--max-restarts",
-        type=int,
-        default=WATCHDOG.max_restarts,
-        metavar="N",
-        help=f"restarts after a hang or crash (default: {WATCHDOG.max_restarts})",
-    )
-    w.add_argument(
-        "--fallback",
-        default=",".join(WATCHDOG.ladder),
-        metavar="P1,P2,...",
-        help=f"profiles to step through on each restart (default: {','.join(WATCHDOG.ladder)})",
-    )
+    add_arguments(p)
 
 
 def build_parser() -> Parser:
@@ -150,59 +76,17 @@ def cmd_profiles(args) -> int:
     return errors.OK
 
 
-def _request(args) -> tuple[str | None, str | bool | None, dict]:
-    """DATA, --resume and KEY=VALUE as the user meant them (``--resume KEY=VALUE``, only KEY=VALUE given)."""
-    from rocm_yolo.launch.request import parse_key_values
-
-    overrides, data, resume = list(args.overrides), args.data, args.resume
-    if data is not None and "=" in data:  # only KEY=VALUE given (e.g. with --resume)
-        overrides.insert(0, data)
-        data = None
-    if isinstance(resume, str) and "=" in resume and not Path(resume).exists():  # --resume KEY=VALUE
-        overrides.insert(0, resume)
-        resume = True
-    return data, resume, parse_key_values(overrides)
-
-
-def _watchdog(args):
-    from rocm_yolo.supervisor.config import WatchdogConfig
-
-    return WatchdogConfig(
-        enabled=not args.no_watchdog,
-        stall_timeout=args.stall_timeout,
-        startup_grace=args.startup_grace,
-        max_restarts=args.max_restarts,
-        ladder=parse_ladder(args.fallback),
-    )
-
-
-def cmd_train(args) -> int:
+def cmd_train(args, extra: list[str]) -> int:
     from rocm_yolo import launch
 
-    data, resume, extra = _request(args)
-    batch = int(args.batch) if args.batch is not None and float(args.batch).is_integer() else args.batch
-    config = _watchdog(args)
-    spec = launch.prepare(
-        data,
-        model=args.model,
-        workers=args.workers,
-        profile=args.profile,
-        epochs=args.epochs,
-        imgsz=args.imgsz,
-        batch=batch,
-        device=args.device,
-        project=args.project,
-        name=args.name,
-        resume=resume,
-        conv=args.conv,
-        checkpoint_every=args.checkpoint_every,
-        extra=extra,
-    )
+    request = launch.TrainRequest.from_args(args, extra)
+    config = request.watchdog_config()  # its errors before anything is claimed
+    spec = launch.prepare(request)
     started = time.time()
     trained_before = _count_epochs(spec.paths.results) if spec.resume else 0
-    result = launch.run(spec, config, user_resume=resume is not None)
+    result = launch.run(spec, config, user_resume=request.resuming)
     _say_how_it_ended(result, started, trained_before)
-    if data == "demo" and result.exit_code == errors.OK:
+    if request.data == "demo" and result.exit_code == errors.OK:
         print(DEMO_NEXT, file=sys.stderr)
     return result.exit_code
 
@@ -218,7 +102,7 @@ that training, validation and checkpoints work on this machine. Next:
 
 def _say_how_it_ended(result, started: float, trained_before: int = 0) -> None:
     from rocm_yolo.run.paths import RunPaths
-    from rocm_yolo.supervisor.states import State
+    from rocm_yolo.run.supervisor_state import State
 
     paths = RunPaths(result.run_dir)
     if result.state == State.FINISHED:
@@ -226,7 +110,7 @@ def _say_how_it_ended(result, started: float, trained_before: int = 0) -> None:
         trained = f"{epochs} epoch{'s' if epochs != 1 else ''}"
         if 0 < trained_before < epochs:  # a resume: the epochs of this run, not the run's whole count
             trained = f"epochs {trained_before + 1}-{epochs}" if epochs > trained_before + 1 else f"epoch {epochs}"
-        retrained = sum(r.get("retrained_batches") or 0 for r in result.recoveries)
+        retrained = sum(r.retrained_batches or 0 for r in result.recoveries)
         extra = (
             f", {result.restarts} restart(s) ({retrained:,} batches trained again), "
             f"{result.lost_seconds:.0f} s lost to hangs"
@@ -292,14 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     stray = [x for x in extras if x.startswith("-") or "=" not in x or args.command != "train"]
     if stray:
         _unrecognized(parser.commands.get(args.command, parser), stray)
-    if args.command == "train":
-        args.overrides = [*args.overrides, *extras]
     if args.command is None:
         parser.print_help()
         return errors.USAGE
     try:
         if args.command == "train":
-            return cmd_train(args)
+            return cmd_train(args, extras)
         if args.command == "profiles":
             return cmd_profiles(args)
         if args.command == "status":
@@ -319,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_stdout()
         return errors.PIPE_CLOSED
     except Exception as e:  # a rocm-yolo bug: one line here, the traceback in a file
-        found = errors.classify(e)
-        if found.kind == errors.ENVIRONMENT:
+        found = triage.classify(e)
+        if found.kind == triage.ENVIRONMENT:
             print(f"rocm-yolo: environment error: {found.line}", file=sys.stderr)
             return errors.SETUP
         return errors.report_internal(e)

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from rocm_yolo import errors
 from rocm_yolo.errors import UsageError
+from rocm_yolo.process.lifecycle import alive
 from rocm_yolo.run import heartbeat
 from rocm_yolo.run.heartbeat import Heartbeat
-from rocm_yolo.run.lifecycle import alive
 from rocm_yolo.run.paths import STATE_DIRNAME, RunPaths
-from rocm_yolo.run.state import read_state
+from rocm_yolo.run.supervisor_state import State, SupervisorState, read_state
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.stall import StallDetector
 
@@ -23,16 +24,10 @@ def newest_run(root: Path = Path("runs")) -> Path | None:
     return newest.parent.parent if newest else None
 
 
-def _stalled(hb: Heartbeat, sup: dict, now: float) -> bool:
+def _stalled(hb: Heartbeat, sup: SupervisorState | None, now: float) -> bool:
     """What the run's own watchdog would say of a heartbeat this old (its settings as the supervisor recorded them)."""
-    saved = sup.get("watchdog") if isinstance(sup.get("watchdog"), dict) else {}
-    fields = {
-        k: v
-        for k, v in saved.items()
-        if k in ("stall_timeout", "step_multiplier", "startup_grace")
-        and isinstance(v, (int, float))
-        and not isinstance(v, bool)
-    }
+    saved = sup.watchdog if sup is not None else None
+    fields = {k: getattr(saved, k) for k in ("stall_timeout", "step_multiplier", "startup_grace")} if saved else {}
     detector = StallDetector(WatchdogConfig(**fields), now=hb.time)
     detector.observe(hb, now=hb.time)
     return detector.stalled(now)
@@ -41,17 +36,17 @@ def _stalled(hb: Heartbeat, sup: dict, now: float) -> bool:
 def collect(run_dir: Path, now: float | None = None) -> dict:
     now = time.time() if now is None else now
     hb = heartbeat.read(RunPaths(run_dir).heartbeat)
-    sup = read_state(run_dir) or {}
+    sup = read_state(run_dir)
     info: dict = {
         "run_dir": str(run_dir),
-        "state": sup.get("state", "unknown"),
-        "profile": sup.get("profile"),
-        "restarts": sup.get("restarts", 0),
-        "hangs": len(sup.get("hangs", [])),
-        "lost_seconds": sup.get("lost_seconds", 0.0),
-        "recoveries": sup.get("recoveries") or [],
+        "state": sup.state.value if sup else "unknown",
+        "profile": sup.profile if sup else None,
+        "restarts": sup.restarts if sup else 0,
+        "hangs": len(sup.hangs) if sup else 0,
+        "lost_seconds": sup.lost_seconds if sup else 0.0,
+        "recoveries": [asdict(r) for r in sup.recoveries] if sup else [],
     }
-    if sup.get("state") == "running" and not alive(sup.get("supervisor_pid")):
+    if sup is not None and sup.running and not alive(sup.supervisor_pid):
         info["state"] = "stopped"  # the supervisor is gone without writing a final state (killed -9?)
     if hb is not None:
         age = now - hb.time
@@ -65,7 +60,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict:
             heartbeat_age=round(age, 1),
             attempt=hb.attempt,
         )
-        if info["state"] == "running" and hb.phase != "done" and _stalled(hb, sup, now):
+        if info["state"] == State.RUNNING.value and hb.phase != "done" and _stalled(hb, sup, now):
             info["state"] = "stalled?"
         if hb.it_s > 0 and hb.batches and hb.epochs and hb.phase == "train":
             left = (hb.batches - hb.batch) + (hb.epochs - hb.epoch) * hb.batches

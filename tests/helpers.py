@@ -16,10 +16,12 @@ from pathlib import Path
 
 import psutil
 
+from rocm_yolo import environment, launch
+from rocm_yolo.launch.train_request import TrainRequest
+from rocm_yolo.process.lifecycle import alive
+from rocm_yolo.process.tree import with_env
 from rocm_yolo.run.events import read_events
-from rocm_yolo.run.lifecycle import alive
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.supervisor.proctree import with_env
 
 TAG_VAR = "ROCM_YOLO_TEST_TAG"
 # .ci/run's lower-bound run sets it to the oldest supported Ultralytics, installed apart and put
@@ -37,7 +39,8 @@ class Cli:
         self.cwd = cwd
         self.tag = uuid.uuid4().hex
         self.env = {**os.environ, TAG_VAR: self.tag, "PYTHONUNBUFFERED": "1"}
-        self.env.pop("ROCM_YOLO_FAULT", None)
+        for var in (environment.FAULT, environment.RECORD_BATCHES, environment.PLUGINS):
+            self.env.pop(var, None)
         self.runs = 0
         self.output: Path | None = None
 
@@ -49,7 +52,7 @@ class Cli:
             return subprocess.Popen(
                 [sys.executable, "-m", "rocm_yolo", *args],
                 cwd=self.cwd,
-                env={**self.env, **(env or {})},
+                env={**self.env, **with_plugin(env or {})},
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
@@ -87,6 +90,23 @@ class Cli:
                 proc.send_signal(signal.SIGKILL)
             except psutil.Error:
                 pass
+
+
+def request(data: str | None = None, **kwargs) -> TrainRequest:
+    """A train request as ``rocm_yolo.train(data, **kwargs)`` builds it."""
+    return TrainRequest.from_kwargs(data, **kwargs)
+
+
+def prepare(data: str | None = None, **kwargs):
+    """``request(...)`` validated and its run directory claimed: the first attempt's spec."""
+    return launch.prepare(request(data, **kwargs))
+
+
+def with_plugin(env: dict) -> dict:
+    """``env`` with the testing plugin loaded when it asks for a fault or a batch record (rocm_yolo.run.hooks)."""
+    if environment.FAULT in env or environment.RECORD_BATCHES in env:
+        return {environment.PLUGINS: "rocm_yolo.testing", **env}
+    return env
 
 
 def wait_for(predicate, timeout, what, proc=None, cli=None):

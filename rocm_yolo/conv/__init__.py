@@ -4,5 +4,5 @@
 - :mod:`.selftest`: runs the self-test in throwaway children, chooses and caches (torch-free);
 - :mod:`.probe`: what the self-test child runs for each strategy (imports torch).
 
-The strategies themselves are :mod:`rocm_yolo.patches.conv`.
+The strategies themselves are :mod:`rocm_yolo.conv.patch`.
 """

@@ -46,7 +46,7 @@ import time
 import torch
 from torch import nn
 
-from rocm_yolo.patches import conv as conv_patch
+from rocm_yolo.conv import patch as conv_patch
 from rocm_yolo.run import hooks
 
 __all__ = [

@@ -36,13 +36,13 @@ from pathlib import Path
 from typing import Mapping
 
 from rocm_yolo.conv.strategies import AUTO, STRATEGIES
+from rocm_yolo.environment import cache_dir
 from rocm_yolo.errors import one_line
 from rocm_yolo.gpu.torch_build import torch_build
+from rocm_yolo.process.lifecycle import signal_name
+from rocm_yolo.process.tree import run_bounded
 from rocm_yolo.run import hooks
 from rocm_yolo.run.atomic import write_atomic
-from rocm_yolo.run.lifecycle import signal_name
-from rocm_yolo.run.paths import cache_dir
-from rocm_yolo.supervisor.proctree import run_bounded
 
 __all__ = [
     "STRATEGIES",
@@ -239,7 +239,7 @@ def timings_text(results: Mapping[str, dict], chosen: str) -> str:
 
 
 def default_cache_dir() -> Path:
-    """rocm-yolo's cache directory (:func:`rocm_yolo.run.paths.cache_dir`)."""
+    """rocm-yolo's cache directory (:func:`rocm_yolo.environment.cache_dir`)."""
     return cache_dir()
 
 

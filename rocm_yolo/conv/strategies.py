@@ -2,7 +2,7 @@
 
 Torch-free on purpose: the CLI and the supervisor import it (``--conv`` choices, checks
 of a saved run's settings) and must not pay for, or crash on, importing torch.
-:mod:`rocm_yolo.patches.conv` implements the strategies, :mod:`rocm_yolo.conv.selftest`
+:mod:`rocm_yolo.conv.patch` implements the strategies, :mod:`rocm_yolo.conv.selftest`
 tests and times them, ``benchmarks/bench_conv.py`` measures them; all take the names
 from here.
 """

@@ -22,13 +22,13 @@ from rocm_yolo.doctor.report import (
     OK,
     SKIP,
     SYMBOLS,
-    TRAIN_SIZES,
     Options,
     Row,
     conclusion,
     exit_code,
     format_row,
     report_dict,
+    train_sizes,
 )
 from rocm_yolo.errors import UsageError
 from rocm_yolo.launch.demo import DEMO_DEFAULTS
@@ -58,14 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch",
         type=int,
         default=None,
-        help=f"batch size for the shared-memory estimate and loader test (default {TRAIN_SIZES['batch']}; "
+        help=f"batch size for the shared-memory estimate and loader test (default {_default('batch')}; "
         f"for demo: {DEMO_DEFAULTS['batch']})",
     )
     parser.add_argument(
         "--imgsz",
         type=int,
         default=None,
-        help=f"training image size for the shared-memory estimate (default {TRAIN_SIZES['imgsz']}; "
+        help=f"training image size for the shared-memory estimate (default {_default('imgsz')}; "
         f"for demo: {DEMO_DEFAULTS['imgsz']})",
     )
     parser.add_argument(
@@ -83,6 +83,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernel-log", default=None, help=argparse.SUPPRESS)
 
 
+def _default(key: str) -> object:
+    """Ultralytics' default for the help text (its own name for it when Ultralytics cannot be read)."""
+    try:
+        return train_sizes()[key]
+    except UsageError:
+        return f"Ultralytics' {key}"
+
+
 def options_from_args(args: argparse.Namespace) -> Options:
     """Validate the parsed arguments; raises :class:`UsageError` with a one-line message."""
     skip = frozenset(x.strip() for x in (getattr(args, "skip", "") or "").split(",") if x.strip())
@@ -91,7 +99,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         raise UsageError(f"--skip: unknown check {', '.join(sorted(unknown))}: choose from {','.join(CHECKS)}")
     if args.workers is not None and args.workers < 0:
         raise UsageError(f"--workers {args.workers} must be >= 0")
-    sizes = DEMO_DEFAULTS if args.data == "demo" else TRAIN_SIZES  # what the training run would use
+    sizes = DEMO_DEFAULTS if args.data == "demo" else train_sizes()  # what the training run would use
     batch = sizes["batch"] if args.batch is None else args.batch
     imgsz = sizes["imgsz"] if args.imgsz is None else args.imgsz
     if batch < 1:
@@ -163,7 +171,9 @@ def diagnose(opts: Options, on_row=None) -> list[Row]:
 
 def run_all(opts: Options) -> Iterator[Row]:
     """Every check not in ``opts.skip``, in order."""
-    from rocm_yolo.doctor import data, gpu, system
+    from rocm_yolo.doctor import data_checks as data
+    from rocm_yolo.doctor import gpu_checks as gpu
+    from rocm_yolo.doctor import system
     from rocm_yolo.gpu.torch_build import torch_build
 
     gpus, why = gpu.detect_gpus(opts) if {"versions", "gpu", "conv"} - opts.skip else (None, None)

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from rocm_yolo.run.devices import DEFAULT_BATCH
 from rocm_yolo.run.profiles import DEFAULT_PROFILE
+from rocm_yolo.ultralytics_rules import config as ucfg
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
@@ -29,7 +29,9 @@ _COLOURS = {OK: "\033[32m", WARN: "\033[33m", FAIL: "\033[31m", SKIP: "\033[2m"}
 CHECKS = ("versions", "gpu", "shm", "start", "data", "loader", "conv", "kernel")
 
 
-TRAIN_SIZES = {"batch": DEFAULT_BATCH, "imgsz": 640}  # Ultralytics' train defaults: the shared-memory estimate's
+def train_sizes() -> dict:
+    """Ultralytics' train defaults, batch and imgsz (its ``cfg/default.yaml``): the shared-memory estimate's."""
+    return {key: ucfg.default(key) for key in ("batch", "imgsz")}
 
 
 @dataclass
@@ -52,8 +54,8 @@ class Options:
     data: Path | None = None  # a dataset YAML, or a class-per-folder directory (classification)
     task: str | None = None  # what the data is checked for; None: what the data says (doctor.data.data_task)
     workers: int | None = None  # None: the profile's default
-    batch: int = TRAIN_SIZES["batch"]
-    imgsz: int = TRAIN_SIZES["imgsz"]
+    batch: int = field(default_factory=lambda: train_sizes()["batch"])
+    imgsz: int = field(default_factory=lambda: train_sizes()["imgsz"])
     profile: str = DEFAULT_PROFILE
     timeout: float = 120.0  # per subprocess step (DataLoader: from the moment the data set is built)
     skip: frozenset = frozenset()

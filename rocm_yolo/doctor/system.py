@@ -20,7 +20,7 @@ from rocm_yolo.doctor.report import FAIL, OK, SKIP, WARN, Options, Row, loader_p
 from rocm_yolo.gpu import wheels
 from rocm_yolo.gpu.arch import architectures
 from rocm_yolo.gpu.torch_build import torch_build
-from rocm_yolo.supervisor.proctree import Outcome, run_bounded
+from rocm_yolo.process.tree import Outcome, run_bounded
 from rocm_yolo.ultralytics_rules.versions import SUPPORTED_ULTRALYTICS, untested
 
 # ---------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-KFD_ROOT_ENV = "ROCM_YOLO_KFD_ROOT"
+from rocm_yolo import environment
+
 KFD_ROOT = "/sys/class/kfd/kfd/topology/nodes"
 AMD_VENDOR_ID = 0x1002
 
@@ -99,7 +100,7 @@ def _read_properties(path: Path) -> dict[str, int]:
 
 
 def _kfd_root(root) -> Path:
-    return Path(root if root is not None else os.environ.get(KFD_ROOT_ENV) or KFD_ROOT)
+    return Path(root if root is not None else os.environ.get(environment.KFD_ROOT) or KFD_ROOT)
 
 
 def detect_gpus(root=None) -> list[GpuNode]:

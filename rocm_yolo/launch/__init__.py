@@ -1,8 +1,9 @@
 """The way in: from what the user typed to a claimed run directory, then the supervisor (never imports torch).
 
-``rocm-yolo train`` and ``rocm_yolo.train()`` both go through here:
+``rocm-yolo train`` and ``rocm_yolo.train()`` both go through here, with one
+:class:`~.train_request.TrainRequest` (built from argparse or from keywords):
 
-1. :func:`.request.make_spec`: flags, KEY=VALUE, profile, data and resume validated into a
+1. :func:`.validation.make_spec`: flags, KEY=VALUE, profile, data and resume validated into a
    :class:`~rocm_yolo.run.spec.RunSpec`, with no side effects;
 2. :func:`.claim.claim`: the run directory taken and locked (one supervisor per run);
 3. :func:`run`: the supervisor runs the spec; Ctrl-C and SIGTERM stop the whole tree.
@@ -12,22 +13,29 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any
 
+from rocm_yolo.launch import ownership
 from rocm_yolo.launch.claim import claim, remove_fresh_run
-from rocm_yolo.launch.request import make_spec, parse_key_values
-from rocm_yolo.run import ownership
+from rocm_yolo.launch.train_request import TrainRequest
+from rocm_yolo.launch.validation import make_spec
 from rocm_yolo.run.spec import RunSpec
+from rocm_yolo.run.supervisor_state import State
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.loop import Supervisor
-from rocm_yolo.supervisor.states import RunResult, State
+from rocm_yolo.supervisor.states import RunResult
 
-__all__ = ["claim", "make_spec", "parse_key_values", "prepare", "run"]
+__all__ = ["TrainRequest", "claim", "make_spec", "prepare", "run", "train"]
 
 
-def prepare(data: str | None = None, **request: Any) -> RunSpec:
-    """Validate a request (:func:`make_spec`'s arguments) and claim its run directory: the first attempt's spec."""
-    return claim(make_spec(data, **request))
+def prepare(request: TrainRequest) -> RunSpec:
+    """Validate ``request`` and claim its run directory: the first attempt's spec."""
+    return claim(make_spec(request))
+
+
+def train(request: TrainRequest) -> RunResult:
+    """Validate, claim and run ``request`` under its watchdog: what ``rocm-yolo train`` and ``rocm_yolo.train`` do."""
+    config = request.watchdog_config()  # its errors before anything is claimed
+    return run(prepare(request), config, user_resume=request.resuming)
 
 
 def run(spec: RunSpec, config: WatchdogConfig, *, user_resume: bool = False) -> RunResult:

@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 
 from rocm_yolo.errors import UsageError
-from rocm_yolo.launch.resume import resume_point
-from rocm_yolo.run import ownership
+from rocm_yolo.launch import ownership
+from rocm_yolo.launch.resume_target import resume_point
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import RunSpec, next_attempt
 

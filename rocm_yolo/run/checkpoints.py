@@ -6,7 +6,7 @@ whose members carry CRCs, so :func:`verify` can tell a complete file from a trun
 damaged one by reading it once, with the standard library. After every save the training
 child keeps a verified copy, ``last_good.pt``, written atomically; resume falls back to it.
 
-Mid-epoch checkpoints (``weights/ep{E}-ba{B}.pt``, written by :mod:`rocm_yolo.trainer.checkpoint_save`) are
+Mid-epoch checkpoints (``weights/ep{E}-ba{B}.pt``, written by :mod:`rocm_yolo.trainer.checkpointing.save`) are
 named by their position, so the newest one is known without opening it. The training child
 deletes those of an epoch once that epoch's ``last.pt`` is saved and verified, so a valid
 mid-epoch file is newer than ``last.pt``; :func:`choose_resume_point` only falls back on
@@ -16,6 +16,7 @@ modification times when a kill interrupted that clean-up.
 from __future__ import annotations
 
 import os
+import pickle
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +24,101 @@ from pathlib import Path
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run.atomic import copy_atomic
 from rocm_yolo.run.paths import GOOD_NAME, RunPaths
-from rocm_yolo.ultralytics_rules import checkpoint as inert
-from rocm_yolo.ultralytics_rules.checkpoint import MID_EPOCH_KEY  # noqa: F401 - the key's home is there
+
+# --------------------------------------------------------------------------- reading a checkpoint inertly
+# A torch checkpoint is a zip archive: ``ARCHIVE/data.pkl`` pickles the object tree and names each tensor's
+# storage by key; the storages are ``ARCHIVE/data/KEY``. :class:`InertUnpickler` reads ``data.pkl`` with every
+# class replaced by an inert stub and every storage by its key, so nothing is imported or run. That is enough
+# to tell whether every record the pickle names is in the file (what ``torch.load`` needs:
+# :func:`missing_records`), and to read plain fields (:func:`read_inert`; Ultralytics' own:
+# :mod:`rocm_yolo.ultralytics_rules.checkpoint`).
+
+
+class Stub:
+    """Stands for any class a checkpoint names: built from anything, keeps only its state."""
+
+    def __init__(self, *args, **kwargs):
+        self.state = None
+
+    def __setstate__(self, state):
+        self.state = state
+
+    def __call__(self, *args, **kwargs):
+        return Stub()
+
+    def __setitem__(self, key, value):  # dict-like classes (OrderedDict) get their items set
+        pass
+
+    def append(self, value):  # list-like ones get appended to
+        pass
+
+    def extend(self, values):
+        pass
+
+
+class InertUnpickler(pickle.Unpickler):
+    """Reads a torch checkpoint's ``data.pkl`` without importing or running anything it names.
+
+    ``storages`` collects the key of every tensor storage the pickle references.
+    """
+
+    def __init__(self, file):
+        super().__init__(file)
+        self.storages: set[str] = set()
+
+    def find_class(self, module, name):
+        return Stub
+
+    def persistent_load(self, pid):
+        if isinstance(pid, tuple) and len(pid) > 2 and pid[0] == "storage":
+            self.storages.add(str(pid[2]))  # ("storage", storage type, key, location, numel)
+        return None
+
+
+def state_of(obj) -> dict:
+    """The ``__dict__`` a stub was given (a module's attributes), or {}."""
+    state = getattr(obj, "state", None)
+    if isinstance(state, tuple):  # (dict, slots)
+        state = next((s for s in state if isinstance(s, dict)), None)
+    return state if isinstance(state, dict) else {}
+
+
+def _pickle_name(z: zipfile.ZipFile) -> str | None:
+    return next((n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
+
+
+def load(z: zipfile.ZipFile) -> tuple[object, set[str], str]:
+    """(the checkpoint object with stubs for classes, the storage keys it names, the archive's prefix).
+
+    Raises ``KeyError`` when there is no ``data.pkl``, and whatever unpickling a damaged one raises.
+    """
+    name = _pickle_name(z)
+    if name is None:
+        raise KeyError("data.pkl")
+    with z.open(name) as f:
+        unpickler = InertUnpickler(f)
+        obj = unpickler.load()
+    return obj, unpickler.storages, name[: -len("data.pkl")]
+
+
+def missing_records(z: zipfile.ZipFile) -> tuple[list[str], int]:
+    """(the storage records the pickle names that the archive lacks, how many it names)."""
+    _, keys, prefix = load(z)
+    names = set(z.namelist())
+    return sorted(k for k in keys if f"{prefix}data/{k}" not in names), len(keys)
+
+
+def read_inert(path: str | os.PathLike) -> object | None:
+    """The object a checkpoint pickles, with stubs for classes and None for tensors; None when it cannot be read."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            obj, _, _ = load(z)
+    except Exception:  # noqa: BLE001 - damaged or foreign: the caller decides
+        return None
+    return obj
+
+
+# --------------------------------------------------------------------------- verifying, finding, choosing
 
 
 def verify(path: str | os.PathLike) -> str | None:
@@ -32,7 +126,7 @@ def verify(path: str | os.PathLike) -> str | None:
 
     Checked as torch reads it: a zip archive whose members are whole (CRCs), with a ``data.pkl``
     whose every storage record is present (a stop inside ``torch.save`` can leave a well-formed
-    archive that lacks some). The pickle is read inertly (:mod:`rocm_yolo.ultralytics_rules.checkpoint`):
+    archive that lacks some). The pickle is read inertly (:class:`InertUnpickler`):
     nothing it names is imported or run. Never raises: any failure is a reason to fall back.
     """
     p = Path(path)
@@ -43,7 +137,7 @@ def verify(path: str | os.PathLike) -> str | None:
             return "empty file"
         with zipfile.ZipFile(p) as z:
             try:
-                missing, named = inert.missing_records(z)
+                missing, named = missing_records(z)
             except KeyError:
                 return "not a torch checkpoint (no data.pkl)"
             if missing:

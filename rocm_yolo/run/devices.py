@@ -2,8 +2,8 @@
 
 ``--device 0,1`` trains on two GPUs: rocm-yolo's training child becomes a launcher that
 starts one rank per GPU with ``torch.distributed.run``, as Ultralytics does, and each rank is
-a training child of its own (:mod:`rocm_yolo.trainer.launcher`). A rank knows itself by the
-variables that launcher sets (:data:`RANK_ENV`, :data:`LOCAL_RANK_ENV`, :data:`WORLD_SIZE_ENV`).
+a training child of its own (:mod:`rocm_yolo.trainer.agent.launcher`). A rank knows itself by the
+variables that launcher sets (:data:`rocm_yolo.environment.RANK` and its neighbours).
 """
 
 from __future__ import annotations
@@ -11,10 +11,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-RANK_ENV = "RANK"  # set by torch.distributed.run in each rank, as Ultralytics reads them
-LOCAL_RANK_ENV = "LOCAL_RANK"
-WORLD_SIZE_ENV = "WORLD_SIZE"
-DEFAULT_BATCH = 16  # Ultralytics' default batch, split across the ranks
+from rocm_yolo import environment
 
 
 def devices_named(device: object) -> list[str]:
@@ -55,20 +52,21 @@ def world_size(train_args: Mapping[str, object]) -> int:
 
 def rank(environ: Mapping[str, str] = os.environ) -> int | None:
     """This process's rank when ``torch.distributed.run`` started it, else None."""
-    if LOCAL_RANK_ENV not in environ:
+    if environment.LOCAL_RANK not in environ:
         return None
     try:
-        return int(environ.get(RANK_ENV, environ[LOCAL_RANK_ENV]))
+        return int(environ.get(environment.RANK, environ[environment.LOCAL_RANK]))
     except ValueError:
         return None
 
 
-def check_batch(batch: object, ids: list[str]) -> str | None:
-    """Why ``batch`` cannot be split across the GPUs ``ids`` (Ultralytics gives each rank batch // N), or None."""
+def check_batch(batch: object, ids: list[str], given: bool = True) -> str | None:
+    """Why ``batch`` cannot be split across the GPUs ``ids`` (Ultralytics gives each rank batch // N), or None.
+    ``given``: the user set it (else it is Ultralytics' default, and the message says so)."""
     n = len(ids)
     if n < 2:
         return None
-    value = DEFAULT_BATCH if batch is None else batch
+    value = batch
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # batch=8.0 is 8, as --batch reads it
     example = f"batch={n * 8}"
@@ -78,9 +76,9 @@ def check_batch(batch: object, ids: list[str]) -> str | None:
             f"--device {','.join(ids)} give a batch that divides by {n}, e.g. {example}"
         )
     if value % n:
-        given = "the default batch 16" if batch is None else f"batch={value}"
+        what = f"batch={value}" if given else f"the default batch {value}"
         return (
-            f"{given} does not divide by the {n} GPUs of --device {','.join(ids)} (each rank trains batch/{n} "
+            f"{what} does not divide by the {n} GPUs of --device {','.join(ids)} (each rank trains batch/{n} "
             f"images): use a multiple of {n}, e.g. {example}"
         )
     return None

@@ -1,13 +1,13 @@
 """The heartbeat record: how the training child tells the supervisor (and ``rocm-yolo status``) it lives.
 
 Each beat is one JSON record (:class:`Heartbeat`), sent two ways: as a line down a pipe the
-supervisor gave the child (:data:`FD_ENV`), which needs no disk, and into ``heartbeat.json``
+supervisor gave the child (:data:`rocm_yolo.environment.HEARTBEAT_FD`), which needs no disk, and into ``heartbeat.json``
 in the run's rocm-yolo directory (atomically), which ``rocm-yolo status`` reads from another
 terminal. Each record carries a sequence number that grows with every event, so "no
 progress" is "no new sequence number", whatever the clocks say.
 
-The writer is :mod:`rocm_yolo.trainer.heartbeat` (Ultralytics callbacks), the pipe's reader
-:class:`rocm_yolo.supervisor.child.PipeReader`. Readers get ``None`` for a missing,
+The writer is :mod:`rocm_yolo.trainer.callbacks.heartbeat_writer` (Ultralytics callbacks), the pipe's reader
+:class:`rocm_yolo.supervisor.trainer_process.PipeReader`. Readers get ``None`` for a missing,
 half-written or badly typed record instead of an exception.
 """
 
@@ -18,7 +18,6 @@ import os
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-FD_ENV = "ROCM_YOLO_HEARTBEAT_FD"  # the write end of the supervisor's pipe, in the child
 MIN_INTERVAL = 1.0  # seconds between writes inside one phase
 
 

@@ -1,77 +1,69 @@
-"""The one door into :mod:`rocm_yolo.testing`: fault injection and the batch recorder, for tests and benchmarks.
+"""The hook points production code offers to tests and benchmarks: real faults, a record of each batch.
 
-Production code calls one of these functions at each hook site. Each reads its environment
-variable and returns at once when it is unset, so :mod:`rocm_yolo.testing` is imported only
-in a process that was asked for a fault or a recording (the fork server, and so every
-DataLoader worker, never imports it otherwise). The variables and their grammar are in
-CONTRIBUTING.md and :mod:`rocm_yolo.testing.faults`.
+Production code calls one of these functions at each hook site. Each asks the plugins named in
+``$ROCM_YOLO_PLUGINS`` (:data:`rocm_yolo.environment.PLUGINS`, comma-separated module names) and
+returns at once when there are none, as pytest loads the plugins named in ``PYTEST_PLUGINS``.
+The plugin the tests and benchmarks name is :mod:`rocm_yolo.testing`: it sits above everything it
+injects into, and nothing in rocm-yolo imports it (the fork server, and so every DataLoader
+worker, never loads it unless asked). A plugin defines any of the functions below, with the
+same signature; the ones it lacks answer as when no plugin is loaded.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from typing import Callable
 
-FAULT_ENV = "ROCM_YOLO_FAULT"  # KIND[@WHERE][,KIND[@WHERE]...]: real faults, each once per run directory
-RECORD_ENV = "ROCM_YOLO_RECORD_BATCHES"  # FILE: one JSON line per training batch (attempt, epoch, batch, files)
+from rocm_yolo import environment
 
 
-def _faults():
-    if not os.environ.get(FAULT_ENV):
-        return None
-    from rocm_yolo.testing import faults
+def _plugins() -> list:
+    names = [n.strip() for n in os.environ.get(environment.PLUGINS, "").split(",") if n.strip()]
+    return [importlib.import_module(name) for name in names]
 
-    return faults
+
+def _answers(hook: str) -> list[Callable]:
+    return [fn for fn in (getattr(p, hook, None) for p in _plugins()) if fn is not None]
 
 
 def trainer_callbacks(paths, attempt: int) -> list:
-    """Callback owners for the trainer (fault injector, batch recorder); [] unless asked for."""
-    owners = []
-    faults = _faults()
-    if faults is not None:
-        owners.append(faults.Injector(faults.active(), paths))
-    if os.environ.get(RECORD_ENV):
-        from rocm_yolo.testing.recorder import BatchRecorder
-
-        owners.append(BatchRecorder(os.environ[RECORD_ENV], attempt))
-    return owners
+    """Callback owners for the trainer (fault injector, batch recorder); [] unless a plugin gives some."""
+    return [owner for fn in _answers("trainer_callbacks") for owner in fn(paths, attempt)]
 
 
 def checkpoint_writer(paths, where: tuple[int, int]) -> Callable | None:
-    """``save-kill``: a writer that kills the trainer halfway through this mid-epoch checkpoint, or None."""
-    faults = _faults()
-    return None if faults is None else faults.save_kill_writer(paths, where)
+    """A writer ``(ckpt, file)`` for the mid-epoch checkpoint at ``where`` (tests: a SIGKILL halfway), or None."""
+    return next((w for w in (fn(paths, where) for fn in _answers("checkpoint_writer")) if w is not None), None)
 
 
 def final_save(name: str, paths):
-    """Around the end of training's rewrite of ``name``: tests stop the run halfway through it; else nothing."""
-    faults = _faults()
-    return contextlib.nullcontext() if faults is None else faults.final_save(name, paths)
+    """A context around the end of training's rewrite of ``name`` (tests stop the run halfway through it)."""
+    stack = contextlib.ExitStack()
+    for fn in _answers("final_save"):
+        stack.enter_context(fn(name, paths))
+    return stack
 
 
 def arm_worker(dataset, run_dir) -> None:
-    """In a DataLoader worker: ``worker-hang`` makes its ``__getitem__`` block once the run's trigger exists."""
-    faults = _faults()
-    if faults is not None:
-        faults.arm_worker(dataset, run_dir)
+    """In a DataLoader worker, first thing (tests: ``worker-hang`` makes its ``__getitem__`` block)."""
+    for fn in _answers("arm_worker"):
+        fn(dataset, run_dir)
 
 
 def worker_hang_check(run_dir) -> Callable[[], None] | None:
-    """``worker-hang`` for loader threads: a check that blocks its caller once the trigger exists; None if unset."""
-    faults = _faults()
-    return None if faults is None else faults.worker_hang_check(run_dir)
+    """For loader threads: a check each runs before its next batch (tests: it blocks), or None."""
+    return next((c for c in (fn(run_dir) for fn in _answers("worker_hang_check")) if c is not None), None)
 
 
 def conv_fault(strategy: str) -> None:
-    """In the conv self-test child: imitate a GPU failure of ``strategy`` as it starts, if asked."""
-    faults = _faults()
-    if faults is not None:
-        faults.conv_fault(strategy)
+    """In the conv self-test child, as ``strategy`` starts (tests: a HIP error, an abort, a hang)."""
+    for fn in _answers("conv_fault"):
+        fn(strategy)
 
 
 def conv_installed(strategy: str) -> None:
-    """In the conv self-test child, after ``strategy`` is installed: make it slow or fail in fp16, if asked."""
-    faults = _faults()
-    if faults is not None:
-        faults.wrap_conv(strategy)
+    """In the conv self-test child, after ``strategy`` is installed (tests: slower, or failing in fp16)."""
+    for fn in _answers("conv_installed"):
+        fn(strategy)

@@ -9,7 +9,7 @@ cache for the demo set, the conv self-test and MIOpen) are here too.
 
 Nothing here touches the file system except :meth:`RunPaths.mid_checkpoints`, a glob.
 This module imports nothing heavy: the CLI, the supervisor and DataLoader workers use it.
-The names of the environment variables that move the user-level directories are here too.
+The variables that move the user-level directories are in :mod:`rocm_yolo.environment`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
+
+from rocm_yolo import environment
+from rocm_yolo.environment import cache_dir
 
 STATE_DIRNAME = "rocm_yolo"  # rocm-yolo's own files inside an Ultralytics run directory
 GOOD_NAME = "last_good.pt"  # the verified copy of last.pt
@@ -179,24 +182,10 @@ def _rank_suffix(rank: int | None) -> str:
 # --------------------------------------------------------------------------- user level
 
 
-def cache_dir(env: Mapping[str, str] = os.environ) -> Path:
-    """rocm-yolo's cache: ``$ROCM_YOLO_CACHE_DIR``, else ``$XDG_CACHE_HOME/rocm-yolo``, else ``~/.cache/rocm-yolo``."""
-    if env.get("ROCM_YOLO_CACHE_DIR"):
-        return Path(env["ROCM_YOLO_CACHE_DIR"]).expanduser()
-    return xdg_cache_home(env) / "rocm-yolo"
-
-
-def xdg_cache_home(env: Mapping[str, str] = os.environ) -> Path:
-    if env.get("XDG_CACHE_HOME"):
-        return Path(env["XDG_CACHE_HOME"])
-    home = env.get("HOME") or str(Path.home())
-    return Path(home) / ".cache"
-
-
 def demo_dir(version: int, env: Mapping[str, str] = os.environ) -> Path:
     """Where the demo data set lives: ``$ROCM_YOLO_DEMO_DIR`` or ``demo-vN`` in the cache."""
-    if env.get("ROCM_YOLO_DEMO_DIR"):
-        return Path(env["ROCM_YOLO_DEMO_DIR"]).expanduser()
+    if env.get(environment.DEMO_DIR):
+        return Path(env[environment.DEMO_DIR]).expanduser()
     return cache_dir(env) / f"demo-v{version}"
 
 

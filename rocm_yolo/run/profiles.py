@@ -145,7 +145,7 @@ class LoaderSettings:
     pin_memory: bool | None
     timeout: float
     start_method: str = (
-        "forkserver"  # a fork server with torch and Ultralytics preloaded (rocm_yolo.trainer.forkserver)
+        "forkserver"  # a fork server with torch and Ultralytics preloaded (rocm_yolo.trainer.loaders.forkserver)
     )
     start_method_explicit: bool = False  # the user chose it: loaders that set their own keep theirs otherwise
     threads: int = 0  # with workers=0: loader threads in the trainer process (profile threads); 0: the main thread

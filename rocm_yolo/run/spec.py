@@ -12,10 +12,11 @@ import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from rocm_yolo.errors import UsageError
 from rocm_yolo.run.atomic import write_atomic
 from rocm_yolo.run.interval import DEFAULT_CHECKPOINT_INTERVAL
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.run.profiles import LoaderSettings
+from rocm_yolo.run.profiles import LOADER_KEYS, LoaderSettings, resolve
 
 
 @dataclass(frozen=True)
@@ -87,3 +88,53 @@ def next_attempt(run_dir: str | os.PathLike) -> int:
     (a new attempt never overwrites another's spec, crash or stack files)."""
     specs = RunPaths(run_dir).specs()
     return int(specs[-1].stem[len("spec-") :]) + 1 if specs else 1
+
+
+@dataclass(frozen=True)
+class Carried:
+    """What of a run's previous attempt the next one keeps (see :func:`carry_over`)."""
+
+    workers: int | None  # the user's request (a profile's cut is never cut again)
+    loader: dict  # the user's loader settings the next profile can take
+    val: bool | None  # the user's val=, if given
+    conv: str | None  # the user's --conv, if given
+    checkpoint_every: str
+    user_keys: tuple[str, ...]  # the keys the user set that still hold
+    dropped: tuple[str, ...] = ()  # the user's loader settings the next profile cannot take
+
+    def note(self, profile: str) -> str | None:
+        if not self.dropped:
+            return None
+        return f"profile '{profile}' cannot take {', '.join(f'{k}=' for k in self.dropped)}: dropped"
+
+
+def carry_over(previous: RunSpec, profile: str) -> Carried:
+    """The one rule of what carries from an attempt to the next on ``profile``: a watchdog restart down the
+    ladder and a user's ``--resume`` both follow it.
+
+    Everything the user set carries over, as the user set it (what the user passes wins over a
+    profile's defaults): the workers asked for (the next profile cuts them as it does, from the
+    request, never from a cut count), ``val=``, ``--conv``, the checkpoint interval, and each
+    loader setting the next profile can take; one it cannot (``prefetch_factor`` on a profile
+    without workers) is dropped, and :meth:`Carried.note` says so.
+    """
+    workers = previous.loader.workers if previous.workers_requested is None else previous.workers_requested
+    kept: dict = {}
+    dropped = []
+    for key in sorted(LOADER_KEYS & set(previous.user_keys)):
+        value = getattr(previous.loader, key)
+        try:
+            resolve(profile, workers, {**kept, key: value})
+        except UsageError:
+            dropped.append(key)
+            continue
+        kept[key] = value
+    return Carried(
+        workers=workers,
+        loader=kept,
+        val=previous.val if "val" in previous.user_keys else None,
+        conv=previous.conv if "conv" in previous.user_keys else None,
+        checkpoint_every=previous.checkpoint_every,
+        user_keys=tuple(k for k in previous.user_keys if k not in dropped),
+        dropped=tuple(dropped),
+    )

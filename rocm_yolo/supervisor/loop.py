@@ -17,17 +17,25 @@ import signal
 import time
 from pathlib import Path
 
-from rocm_yolo import errors
+from rocm_yolo import errors, triage
+from rocm_yolo.process.lifecycle import signal_name
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.heartbeat import Heartbeat
-from rocm_yolo.run.lifecycle import signal_name
 from rocm_yolo.run.spec import RunSpec
-from rocm_yolo.run.state import read_state, write_state
-from rocm_yolo.supervisor.child import ChildProcess
+from rocm_yolo.run.supervisor_state import (
+    Hang,
+    Recovery,
+    State,
+    SupervisorState,
+    WatchdogSettings,
+    read_state,
+    write_state,
+)
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.restart import last_loadable, next_spec, tidy_finished
 from rocm_yolo.supervisor.stall import StallDetector
-from rocm_yolo.supervisor.states import EXIT_STATES, RUN_EXIT, RunResult, State
+from rocm_yolo.supervisor.states import EXIT_STATES, RUN_EXIT, RunResult
+from rocm_yolo.supervisor.trainer_process import ChildProcess
 from rocm_yolo.supervisor.worklost import WorkLost
 from rocm_yolo.ultralytics_rules.checkpoint import summary
 
@@ -66,10 +74,10 @@ class Supervisor:
         self.work = WorkLost()
         previous = read_state(spec.run_dir) if user_resume else None
         if previous:  # a resumed run keeps its history of hangs and restarts
-            self.result.hangs = list(previous["hangs"])
-            self.result.restarts = previous["restarts"]
-            self.result.lost_seconds = previous["lost_seconds"]
-            self.result.recoveries = [r for r in previous.get("recoveries") or [] if isinstance(r, dict)]
+            self.result.hangs = list(previous.hangs)
+            self.result.restarts = previous.restarts
+            self.result.lost_seconds = previous.lost_seconds
+            self.result.recoveries = list(previous.recoveries)
 
     # signals -------------------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
@@ -122,7 +130,7 @@ class Supervisor:
             cut = self.work.failed(
                 "hang" if outcome == State.STALLED else "crash",
                 self._failed_at,
-                self.result.hangs[-1]["stalled_seconds"] if outcome == State.STALLED else 0.0,
+                self.result.hangs[-1].stalled_seconds if outcome == State.STALLED else 0.0,
             )
             self._retrained(cut)
         return outcome, info
@@ -163,11 +171,11 @@ class Supervisor:
         return spec
 
     def _cannot_start(self, error: OSError) -> None:
-        reason = errors.classify(error).line if errors.is_disk_error(error) else errors.one_line(error)
+        reason = triage.classify(error).line if triage.is_disk_error(error) else errors.one_line(error)
         self.log.event(
             "setup_error", f"environment error: cannot start the training process: {reason}; not retrying", error=reason
         )
-        self._state_error = errors.is_disk_error(error)  # the line above says it: no second one about supervisor.json
+        self._state_error = triage.is_disk_error(error)  # the line above says it: no second one about supervisor.json
 
     def _say_what_is_kept(self, spec: RunSpec) -> None:
         """After an environment error: which checkpoint a later resume will start from."""
@@ -235,14 +243,14 @@ class Supervisor:
             path = None
             self.log.event("stacks", f"could not dump stacks: {e}")
         self.result.hangs.append(
-            {
-                "epoch": hb.epoch if hb else None,
-                "batch": hb.batch if hb else None,
-                "phase": hb.phase if hb else None,
-                "stalled_seconds": round(stalled, 1),
-                "stacks": str(path) if path else None,
-                "detected": time.time(),
-            }
+            Hang(
+                epoch=hb.epoch if hb else None,
+                batch=hb.batch if hb else None,
+                phase=hb.phase if hb else None,
+                stalled_seconds=round(stalled, 1),
+                stacks=str(path) if path else None,
+                detected=time.time(),
+            )
         )
         self.result.lost_seconds += stalled
         self._recovering_since = self._failed_at = now
@@ -257,23 +265,23 @@ class Supervisor:
         record = self.work.resumed(hb, spec.attempt, Path(spec.resume).name if spec.resume else None, now)
         if record is not None:
             self.result.recoveries.append(record)
-            if record["retrained_batches"] is not None:
-                at = record["resumed_at"]
+            if record.retrained_batches is not None:
+                at = record.resumed_at
                 self.log.event(
                     "retraining",
                     f"attempt {spec.attempt} resumed at epoch {at[0]}, batch {at[1]:,}: "
-                    f"{record['retrained_batches']:,} batch(es) to train again",
+                    f"{record.retrained_batches:,} batch(es) to train again",
                     attempt=spec.attempt,
-                    batches=record["retrained_batches"],
+                    batches=record.retrained_batches,
                 )
-            self._retrained(None if record.get("retrained_batches") and self.work.retraining else record)
+            self._retrained(None if record.retrained_batches and self.work.retraining else record)
         if since is not None or record is not None:
             self._write_state(State.RUNNING, spec, child_pid=child_pid)
 
-    def _retrained(self, record: dict | None) -> None:
+    def _retrained(self, record: Recovery | None) -> None:
         """A restart's retraining is over: a hang's time lost includes it."""
-        if record is not None and record.get("cause") == "hang":
-            self.result.lost_seconds += record.get("retrain_seconds") or 0.0
+        if record is not None and record.cause == "hang":
+            self.result.lost_seconds += record.retrain_seconds or 0.0
 
     # results -------------------------------------------------------------------------------
     def _finish(self, state: State, spec: RunSpec, code: int | None = None) -> RunResult:
@@ -296,26 +304,26 @@ class Supervisor:
         return self._finish(State.INTERRUPTED, spec, code)
 
     def _write_state(self, state: State, spec: RunSpec, child_pid: int | None = None) -> None:
-        record = {
-            "state": state.value,
-            "supervisor_pid": os.getpid(),
-            "child_pid": child_pid,
-            "attempt": spec.attempt,
-            "profile": spec.profile,
-            "restarts": self.result.restarts,
-            "max_restarts": self.config.max_restarts,
-            "hangs": self.result.hangs,
-            "lost_seconds": round(self.result.lost_seconds, 1),
-            "recoveries": self.result.recoveries,
-            "started": self.started_wall,
-            "updated": time.time(),
-            "watchdog": {
-                "enabled": self.config.enabled,
-                "stall_timeout": self.config.stall_timeout,
-                "step_multiplier": self.config.step_multiplier,
-                "startup_grace": self.config.startup_grace,
-            },
-        }
+        record = SupervisorState(
+            state=state,
+            supervisor_pid=os.getpid(),
+            child_pid=child_pid,
+            attempt=spec.attempt,
+            profile=spec.profile,
+            restarts=self.result.restarts,
+            max_restarts=self.config.max_restarts,
+            hangs=self.result.hangs,
+            lost_seconds=round(self.result.lost_seconds, 1),
+            recoveries=self.result.recoveries,
+            started=self.started_wall,
+            updated=time.time(),
+            watchdog=WatchdogSettings(
+                enabled=self.config.enabled,
+                stall_timeout=self.config.stall_timeout,
+                step_multiplier=self.config.step_multiplier,
+                startup_grace=self.config.startup_grace,
+            ),
+        )
         try:
             write_state(spec.run_dir, record)
         except OSError as e:  # bookkeeping must never stop the supervisor; say it once

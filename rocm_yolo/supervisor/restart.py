@@ -7,19 +7,18 @@ import os
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run import checkpoints
 from rocm_yolo.run.events import RunLog
-from rocm_yolo.run.profiles import LOADER_KEYS, next_profile, resolve
-from rocm_yolo.run.spec import RunSpec
+from rocm_yolo.run.profiles import next_profile, resolve
+from rocm_yolo.run.spec import RunSpec, carry_over
 
 
 def next_spec(spec: RunSpec, ladder: tuple[str, ...], log: RunLog | None = None) -> RunSpec:
     """The spec of the attempt after ``spec``: the next profile of ``ladder``, from the newest valid checkpoint.
 
-    The workers start again from the user's request (a profile's cut is not cut again), and a
-    loader override made for one profile does not follow the run onto the next.
+    What the user set carries over as :func:`~rocm_yolo.run.spec.carry_over` says (the rule a
+    ``--resume`` follows too): the workers start again from the user's request (a profile's cut is
+    not cut again), and a loader setting the next profile cannot take is dropped, with a note.
     """
     profile = next_profile(spec.profile, ladder)
-    requested = spec.loader.workers if spec.workers_requested is None else spec.workers_requested
-    resolved = resolve(profile, requested)
     resume = None
     try:
         path, note = checkpoints.choose_resume_point(spec.paths.last)
@@ -31,18 +30,19 @@ def next_spec(spec: RunSpec, ladder: tuple[str, ...], log: RunLog | None = None)
     train_args = {**spec.train_args, "exist_ok": True}
     if profile == spec.profile:  # the last rung repeats: the same settings, the user's overrides included
         return spec.with_changes(resume=resume, attempt=spec.attempt + 1, train_args=train_args)
-    val = spec.val if "val" in spec.user_keys else resolved.val
-    # the new profile's own loader settings: the user's loader overrides were for the old one
-    user_keys = tuple(k for k in spec.user_keys if k not in LOADER_KEYS)
+    carried = carry_over(spec, profile)
+    if carried.dropped and log is not None:
+        log.info(carried.note(profile))
+    resolved = resolve(profile, carried.workers, carried.loader, val=carried.val)
     return spec.with_changes(
         profile=profile,
         loader=resolved.loader,
-        val=val,
+        val=resolved.val,
         env=resolved.env,
         resume=resume,
         attempt=spec.attempt + 1,
         train_args=train_args,
-        user_keys=user_keys,
+        user_keys=carried.user_keys,
     )
 
 

@@ -12,36 +12,18 @@ States of an attempt::
 
 The run ends in FINISHED, FAILED, USAGE_ERROR, SETUP_FAILED (the environment: a broken
 torch, a full or read-only disk; never retried), INTERNAL_ERROR or INTERRUPTED, which is
-``RunResult.state`` and the ``state`` of ``supervisor.json``.
+``RunResult.state`` and the ``state`` of ``supervisor.json``. :class:`State` itself is part of
+that file's record (:mod:`rocm_yolo.run.supervisor_state`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 
 from rocm_yolo import errors
 from rocm_yolo.run.paths import RunPaths
-
-
-class State(str, Enum):
-    # an attempt
-    STARTING = "starting"  # child started, no training batch yet
-    HEALTHY = "healthy"  # heartbeat progressing
-    SUCCEEDED = "succeeded"  # exit 0
-    STALLED = "stalled"  # no progress for the stall timeout
-    CRASHED = "crashed"  # exited with an error during training
-    ALREADY_FINISHED = "already_finished"  # the checkpoint's run has trained all its epochs
-    # the run (and an attempt that ends it)
-    RUNNING = "running"
-    FINISHED = "finished"  # every epoch trained
-    FAILED = "failed"  # no restarts left
-    USAGE_ERROR = "usage_error"  # bad data or arguments
-    SETUP_FAILED = "setup_failed"  # the environment: a restart would meet it again
-    INTERNAL_ERROR = "internal_error"  # a rocm-yolo bug
-    INTERRUPTED = "interrupted"  # SIGINT, SIGTERM or SIGHUP to the supervisor
-
+from rocm_yolo.run.supervisor_state import State
 
 # How the child's exit code ends an attempt (any other code: CRASHED).
 EXIT_STATES = {
@@ -68,10 +50,10 @@ class RunResult:
     run_dir: str
     attempts: int = 1
     restarts: int = 0
-    hangs: list = field(default_factory=list)
+    hangs: list = field(default_factory=list)  # [Hang]
     lost_seconds: float = 0.0  # to hangs: detection + restart + batches trained again
     wall_seconds: float = 0.0
-    recoveries: list = field(default_factory=list)  # one record per restart (supervisor.worklost)
+    recoveries: list = field(default_factory=list)  # [Recovery], one per restart (supervisor.worklost)
 
     @property
     def last(self) -> Path:

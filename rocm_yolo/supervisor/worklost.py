@@ -3,10 +3,10 @@
 A restart costs the time to notice the hang, the restart itself (stack dump, kill, new process,
 resume, worker start-up) and the batches trained again: those between the checkpoint the new
 attempt resumed from and the position the failed attempt had reached. :class:`WorkLost` turns
-the supervisor's heartbeats into one record per restart::
+the supervisor's heartbeats into one :class:`~rocm_yolo.run.supervisor_state.Recovery` per restart::
 
-    {"attempt": 2, "cause": "hang", "lost_at": [2, 4886], "resumed_at": [2, 4880], "batches": 41163,
-     "retrained_batches": 6, "detect_seconds": 180.4, "restart_seconds": 31.2, "retrain_seconds": 2.3}
+    Recovery(attempt=2, cause="hang", lost_at=[2, 4886], resumed_at=[2, 4880], batches=41163,
+             retrained_batches=6, detect_seconds=180.4, restart_seconds=31.2, retrain_seconds=2.3, ...)
 
 Positions are ``[epoch, batches done in it]`` (1-based epoch), as of the last heartbeat (at
 most a second old). ``retrain_seconds`` is measured by the trainer's own clock (the heartbeats'
@@ -16,22 +16,34 @@ does not depend on how often the supervisor reads them. Knows nothing about proc
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rocm_yolo.run.heartbeat import Heartbeat
+from rocm_yolo.run.supervisor_state import Recovery
+
+
+@dataclass
+class _Failure:  # an attempt that failed, until the next one trains its first batch
+    cause: str
+    lost_at: list | None
+    batches: int
+    detect_seconds: float
+    failed_at: float
 
 
 class WorkLost:
     def __init__(self):
-        self.records: list[dict] = []
+        self.records: list[Recovery] = []
         self.batches = 0  # training batches per epoch, from the latest training heartbeat
         self.at: list[int] | None = None  # the furthest position of the current attempt
-        self.pending: dict | None = None  # the record of a failed attempt, until the next one trains
-        self.retraining: tuple[dict, int, float] | None = None  # (record, target, first batch's heartbeat time)
+        self.pending: _Failure | None = None  # a failed attempt, until the next one trains
+        self.retraining: tuple[Recovery, int, float] | None = None  # (record, target, first batch's heartbeat time)
         self.last_time = 0.0  # the newest heartbeat's time
 
     def _index(self, position) -> int:
         return (position[0] - 1) * self.batches + position[1]
 
-    def observe(self, hb: Heartbeat) -> dict | None:
+    def observe(self, hb: Heartbeat) -> Recovery | None:
         """Feed a new heartbeat; returns the record whose retraining just finished, if any."""
         self.last_time = hb.time
         if hb.phase == "train" and hb.epoch > 0:
@@ -46,48 +58,45 @@ class WorkLost:
             return self._finish_retraining()
         return None
 
-    def _finish_retraining(self) -> dict:
+    def _finish_retraining(self) -> Recovery:
         record, target, since = self.retraining
-        record["retrain_seconds"] = round(max(self.last_time - since, 0.0), 1)
+        record.retrain_seconds = round(max(self.last_time - since, 0.0), 1)
         self.retraining = None
         return record
 
-    def failed(self, cause: str, now: float, detect_seconds: float = 0.0) -> dict | None:
+    def failed(self, cause: str, now: float, detect_seconds: float = 0.0) -> Recovery | None:
         """An attempt stalled or crashed; returns a record still retraining that it cut short."""
         cut = self._finish_retraining() if self.retraining is not None else None
-        self.pending = {
-            "cause": cause,
-            "lost_at": self.at,
-            "batches": self.batches,
-            "detect_seconds": round(detect_seconds, 1),
-            "failed_at": now,
-        }
+        self.pending = _Failure(cause, self.at, self.batches, round(detect_seconds, 1), now)
         self.at = None
         return cut
 
-    def resumed(self, hb: Heartbeat, attempt: int, checkpoint: str | None, now: float) -> dict | None:
+    def resumed(self, hb: Heartbeat, attempt: int, checkpoint: str | None, now: float) -> Recovery | None:
         """The next attempt trained its first batch (``hb``); returns the finished record, None if nothing failed."""
-        record, self.pending = self.pending, None
-        if record is None:
+        failure, self.pending = self.pending, None
+        if failure is None:
             return None
         start = [hb.epoch, hb.batch - hb.batches_total] if 0 <= hb.batches_total <= hb.batch else None
-        record.update(
+        record = Recovery(
             attempt=attempt,
-            checkpoint=checkpoint,
+            cause=failure.cause,
+            lost_at=failure.lost_at,
             resumed_at=start,
-            restart_seconds=round(now - record.pop("failed_at"), 1),
+            batches=failure.batches,
+            checkpoint=checkpoint,
+            retrained_batches=None,
+            detect_seconds=failure.detect_seconds,
+            restart_seconds=round(now - failure.failed_at, 1),
             retrain_seconds=0.0,
         )
-        lost = record["lost_at"]
-        if lost is not None and start is not None and record["batches"] == hb.batches:
+        lost = failure.lost_at
+        if lost is not None and start is not None and failure.batches == hb.batches:
             self.batches = hb.batches
             retrained = max(self._index(lost) - self._index(start), 0)
-            record["retrained_batches"] = retrained
+            record.retrained_batches = retrained
             if retrained > hb.batches_total:  # not yet back where it was
                 self.retraining = (record, self._index(lost), hb.time)
             elif retrained and hb.it_s > 0:  # already back by this heartbeat (fast batches): from the speed
-                record["retrain_seconds"] = round(retrained / hb.it_s, 1)
-        else:
-            record["retrained_batches"] = None
+                record.retrain_seconds = round(retrained / hb.it_s, 1)
         self.records.append(record)
         return record

@@ -25,8 +25,8 @@ autograd raise, as MIOpen's "No invoker was registered for convolution forward" 
 YOLOv8's validation (ROCm/MIOpen#3077): training passes, validation fails.
 
 A training fault fires once per run directory (a marker file records it), so the run that
-the watchdog restarts is healthy. Production code reaches this module only through
-:mod:`rocm_yolo.run.hooks`, and only when the variable is set.
+the watchdog restarts is healthy. Production code reaches this module only through the hook
+points of :mod:`rocm_yolo.run.hooks`, answered by the :mod:`rocm_yolo.testing` plugin.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ import time
 from dataclasses import dataclass
 from typing import Mapping
 
+from rocm_yolo.environment import FAULT as ENV
 from rocm_yolo.run.devices import rank
-from rocm_yolo.run.hooks import FAULT_ENV as ENV
 from rocm_yolo.run.paths import RunPaths
 
 TRAINING = ("worker-hang", "main-hang", "crash", "kill", "bug", "save-kill")
@@ -170,7 +170,7 @@ def wrap_conv(strategy: str, env: Mapping[str, str] = os.environ) -> None:
     import torch
     from torch import nn
 
-    from rocm_yolo.patches import conv as conv_patch
+    from rocm_yolo.conv import patch as conv_patch
 
     inner = nn.Conv2d.__dict__["_conv_forward"]
 

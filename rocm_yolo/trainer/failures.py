@@ -9,11 +9,11 @@ crash (1, ``RUN/crash-K.txt``) the supervisor restarts on a safer profile.
 
 from __future__ import annotations
 
-from rocm_yolo import errors
+from rocm_yolo import errors, triage
+from rocm_yolo.process.lifecycle import signal_name
 from rocm_yolo.run import checkpoints
 from rocm_yolo.run.devices import rank
 from rocm_yolo.run.events import RunLog
-from rocm_yolo.run.lifecycle import signal_name
 from rocm_yolo.run.spec import RunSpec
 
 # Exceptions that mean a programming error when rocm-yolo's own code raised them.
@@ -39,10 +39,10 @@ def _say_setup_error(spec: RunSpec, log: RunLog, error: BaseException, reason: s
 
 def report_setup_failure(spec: RunSpec, log: RunLog, error: BaseException) -> int:
     """An error before training started: one line, an exit code; never retried."""
-    found = errors.classify(error)
-    if found.kind == errors.USER:
+    found = triage.classify(error)
+    if found.kind == triage.USER:
         return say_user_error(log, found.line)
-    if found.kind == errors.ENVIRONMENT:
+    if found.kind == triage.ENVIRONMENT:
         return _say_setup_error(spec, log, error, found.line)
     code = errors.report_internal(error, spec.paths.internal_error(spec.attempt, rank()))
     log.event("internal_error", error=found.line, path=str(spec.paths.internal_error(spec.attempt, rank())))
@@ -87,10 +87,10 @@ def name_dead_worker(error: BaseException, loaders: list) -> BaseException:
 def report_training_failure(spec: RunSpec, log: RunLog, error: BaseException) -> int:
     """An error during training: a full or read-only disk stops the run, a rocm-yolo bug is
     reported as one, anything else is a crash the supervisor restarts on a safer profile."""
-    if errors.is_disk_error(error):
+    if triage.is_disk_error(error):
         _drop_truncated(spec, log)  # frees the space they hold for the reports that follow
-        return _say_setup_error(spec, log, error, errors.classify(error).line)
-    if isinstance(error, BUG_TYPES) and errors.raised_by_rocm_yolo(error):
+        return _say_setup_error(spec, log, error, triage.classify(error).line)
+    if isinstance(error, BUG_TYPES) and triage.raised_by_rocm_yolo(error):
         return report_setup_failure(spec, log, error)  # classified internal: not retried
     path = errors.save_traceback(error, spec.paths.crash(spec.attempt, rank()))
     first = errors.one_line(error)

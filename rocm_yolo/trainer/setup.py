@@ -68,8 +68,8 @@ def import_checked(name: str, what: str):
 
 def install_conv(spec: RunSpec, env: Environment) -> None:
     """Resolve ``--conv`` (``auto`` runs the self-test on ROCm) and install it."""
+    from rocm_yolo.conv import patch as conv_patch
     from rocm_yolo.conv import selftest
-    from rocm_yolo.patches import conv as conv_patch
 
     device = "cpu" if str(spec.train_args.get("device")) == "cpu" else "cuda"
     amp = env.args.get("amp", spec.train_args.get("amp", True)) not in (False, "fp32")
@@ -86,15 +86,20 @@ def setup(spec: RunSpec, log: RunLog) -> Environment:
     """Steps 2-3: everything before the model is built; raises for errors (the child reports them)."""
     env = prepare_environment(spec)  # 2. profile variables and architecture presets (no torch yet)
     if env.loader.workers and env.loader.start_method == "forkserver":
-        from rocm_yolo.trainer import forkserver
+        from rocm_yolo.trainer.loaders import forkserver
 
         forkserver.start(spec.run_dir)  # imports torch and Ultralytics while the trainer does the same
     import_checked("torch", "reinstall torch (on an AMD GPU, the ROCm build)")  # 3.
     import_checked("ultralytics", "reinstall ultralytics")
+    from rocm_yolo.conv import patch as conv_patch
     from rocm_yolo.patches import dataloader as loader_patch
-    from rocm_yolo.trainer import compat
+    from rocm_yolo.patches import threads as threads_patch
+    from rocm_yolo.ultralytics_rules import compat
 
-    for warning in compat.check():  # essential internals missing: SetupError; others: a feature is off
+    requirements = (
+        compat.REQUIREMENTS + loader_patch.REQUIREMENTS + threads_patch.REQUIREMENTS + conv_patch.REQUIREMENTS
+    )
+    for warning in compat.check(requirements):  # essential internals missing: SetupError; others: a feature is off
         log.event("compat", warning, warning=warning)
     loader_patch.install(env.loader, spec.run_dir)
     if not compat.missing_for(compat.FINAL_SAVE_FEATURE):

@@ -77,6 +77,11 @@ def load() -> UltralyticsConfig:
     )
 
 
+def default(key: str) -> object:
+    """Ultralytics' default of train argument ``key``, from its ``cfg/default.yaml`` (e.g. batch 16, imgsz 640)."""
+    return load().defaults[key]
+
+
 def smart_value(text: str) -> object:
     """Ultralytics' KEY=VALUE value conversion (``ultralytics.cfg.smart_value``): none/true/false, literals, text."""
     low = text.lower()

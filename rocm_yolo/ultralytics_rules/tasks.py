@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rocm_yolo.run.checkpoints import read_inert, state_of
+
 DETECT, SEGMENT, POSE, OBB, CLASSIFY = "detect", "segment", "pose", "obb", "classify"
 # Ultralytics' name rule, in its order (guess_model_task): stem marker or directory name -> task
 _NAME_RULES = (
@@ -64,11 +66,23 @@ def head_task(cfg: dict) -> str | None:
 
 
 def checkpoint_task(path: str | Path) -> str | None:
-    """The task stored in a ``.pt`` checkpoint, or None when it cannot be read."""
-    from rocm_yolo.ultralytics_rules.checkpoint import summary
-
-    found = summary(path)
-    return found.task if found is not None else None
+    """The task stored in a ``.pt`` checkpoint (its ``train_args``, else its model's ``args`` or ``yaml`` head),
+    or None when it cannot be read."""
+    ckpt = read_inert(path)
+    if not isinstance(ckpt, dict):
+        return None
+    args = ckpt.get("train_args") if isinstance(ckpt.get("train_args"), dict) else {}
+    if args.get("task") in TASKS:
+        return args["task"]
+    for key in ("model", "ema"):
+        state = state_of(ckpt.get(key))
+        model_args = state.get("args")
+        if isinstance(model_args, dict) and model_args.get("task") in TASKS:
+            return model_args["task"]
+        found = head_task(state.get("yaml")) if isinstance(state.get("yaml"), dict) else None
+        if found:
+            return found
+    return None
 
 
 def yaml_task(path: str | Path) -> str | None:

@@ -21,7 +21,7 @@ from helpers import TINY, Cli, epochs_in, rocm_lines
 from rocm_yolo import errors
 from rocm_yolo.run import checkpoints
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.run.state import read_state
+from rocm_yolo.run.supervisor_state import read_state
 
 pytestmark = pytest.mark.e2e
 
@@ -114,7 +114,7 @@ def test_a_sigkill_halfway_through_the_final_rewrite_is_finished_by_the_watchdog
     assert r.returncode == 0 and "exited with code -9" in r.stdout, r.stdout[-3000:]
     assert "the checkpoint shows the run finished all its epochs" in r.stdout
     assert [p.name for p in paths.specs()] == ["spec-1.json"]  # decided from the checkpoint: no second trainer
-    assert loads(paths.last) and loads(paths.best) and read_state(paths.run_dir)["state"] == "finished"
+    assert loads(paths.last) and loads(paths.best) and read_state(paths.run_dir).state == "finished"
     assert not paths.last_good.exists()  # dropped once both load
 
 

@@ -35,6 +35,7 @@ def test_healthy_loader_single_and_forkserver_workers(demo, capsys):
 
 @pytest.mark.e2e
 def test_multiprocess_hang_is_reported_and_nothing_is_left(demo, capsys, monkeypatch):
+    monkeypatch.setenv("ROCM_YOLO_PLUGINS", "rocm_yolo.testing")
     monkeypatch.setenv("ROCM_YOLO_FAULT", "worker-hang")
     before = descendants()
     started = time.monotonic()

@@ -19,7 +19,7 @@ from helpers import TINY, Cli, rocm_lines, wait_for
 from rocm_yolo import errors
 from rocm_yolo.run import checkpoints
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.run.state import read_state
+from rocm_yolo.run.supervisor_state import read_state
 
 
 def one_error_line(output: str, code_seen: int, code: int, needle: str) -> str:
@@ -71,7 +71,7 @@ def test_a_broken_torch_is_a_setup_error_named_and_never_retried(cli, tiny_data,
     assert "torch cannot be imported (OSError: libamdhip64.so.6" in line and "restart" not in r.stdout
     paths = RunPaths(tmp_path / "runs" / "detect" / "train")
     assert "libamdhip64" in paths.setup_error(1).read_text() and [p.name for p in paths.specs()] == ["spec-1.json"]
-    assert read_state(paths.run_dir)["state"] == "setup_failed"
+    assert read_state(paths.run_dir).state == "setup_failed"
     doc = cli.run("doctor", str(tiny_data), "--skip", "kernel,shm,start", "--json", env=env, timeout=120)
     report = json.loads(doc.stdout[doc.stdout.index("{") :])
     rows = {row["check"]: row for row in report["rows"]}
@@ -88,7 +88,7 @@ def test_an_injected_bug_is_an_internal_error_not_a_usage_error(cli, tiny_data, 
     paths = RunPaths(tmp_path / "runs" / "detect" / "train")
     assert str(paths.internal_error(1)) in line and "InjectedBug" in paths.internal_error(1).read_text()
     assert "restart" not in r.stdout and "error: " not in r.stdout.replace("internal error", "")
-    assert read_state(paths.run_dir)["state"] == "internal_error" and cli.leftovers() == []
+    assert read_state(paths.run_dir).state == "internal_error" and cli.leftovers() == []
 
 
 @contextlib.contextmanager
@@ -127,7 +127,7 @@ def test_a_full_disk_stops_the_run_keeps_its_checkpoint_and_says_so(cli, tiny_da
         assert "no space left on device" in line and "restart" not in r.stdout
         assert f"removed {paths.best}: its save was cut short" in r.stdout  # a truncated file is no checkpoint
         assert checkpoints.verify(paths.last) is None and f"the last loadable checkpoint is {paths.last}" in r.stdout
-        assert "Traceback" in paths.setup_error(1).read_text() and read_state(paths.run_dir)["state"] == "setup_failed"
+        assert "Traceback" in paths.setup_error(1).read_text() and read_state(paths.run_dir).state == "setup_failed"
         assert cli.leftovers() == []
         # the disk quite full: a new run cannot even write its spec; one line, exit 4, nothing left running
         _fill(disk)

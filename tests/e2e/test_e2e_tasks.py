@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Cli, events, rocm_lines
-from rocm_yolo import launch
-from rocm_yolo.run import checkpoints, ownership
+from helpers import Cli, events, prepare, rocm_lines
+from rocm_yolo.launch import ownership
+from rocm_yolo.run import checkpoints
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.ultralytics_rules import tasks
 from taskdata import TASKS
@@ -207,7 +207,7 @@ def test_renamed_classification_checkpoint_keeps_its_task(task_runs, task_data, 
     shutil.copy(task_runs["classify"]["run"] / "weights" / "best.pt", renamed)
     assert tasks.task_of_name(renamed) == "detect" and tasks.task_for_model(renamed) == "classify"
     monkeypatch.chdir(tmp_path)
-    spec = launch.prepare(str(task_data["classify"]), model=str(renamed), epochs=1)
+    spec = prepare(str(task_data["classify"]), model=str(renamed), epochs=1)
     try:
         assert Path(spec.run_dir) == tmp_path / "runs" / "classify" / "train"
         assert spec.train_args["data"] == str(task_data["classify"].resolve())

@@ -18,9 +18,9 @@ import psutil
 import pytest
 
 from helpers import TINY, epochs_in, events
+from rocm_yolo.process import tree
 from rocm_yolo.run import checkpoints, heartbeat
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.supervisor import proctree
 
 pytestmark = pytest.mark.e2e
 
@@ -61,7 +61,7 @@ def test_worker_blocking_forever_mid_run(cli, tiny_data, tmp_path):
     worker_part = text[text.index("(worker,") :]
     assert "block_forever" in worker_part and "__getitem__" in worker_part  # where the worker is stuck
     assert "_try_get_data" in text[: text.index("(worker,")]  # the trainer waits for its batch
-    if proctree.find_py_spy():  # installed with the test extra: native stacks too
+    if tree.find_py_spy():  # installed with the test extra: native stacks too
         assert "py-spy dump --native (exit 0)" in text
     assert "from /" in r.stdout and "weights/last.pt" in events(run, "restart")[0]["resume"]
 

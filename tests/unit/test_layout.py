@@ -1,8 +1,9 @@
-"""The house: which side of the process boundary each module is on, and the size rules it keeps.
+"""The house: which side of the process boundary each module is on, its floor plan, and the size rules it keeps.
 
 The supervisor side (the CLI, the launcher, the supervisor, status, the doctor, the shared
 contract in ``run/``) never imports torch; only the training child (``trainer/``), the
-patches it installs and the conv self-test's child (``conv/probe``) do.
+patches it installs and the conv patch and self-test's child (``conv/patch``, ``conv/probe``) do.
+The imports form a DAG, among modules and among folders (``tests/floorplan.py``, ``make floorplan``).
 """
 
 from __future__ import annotations
@@ -15,12 +16,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import floorplan
 import rocm_yolo
 
 ROOT = Path(rocm_yolo.__file__).resolve().parent.parent
-TORCH_SIDE = ("rocm_yolo.trainer", "rocm_yolo.patches", "rocm_yolo.conv.probe", "rocm_yolo.testing")
+TORCH_SIDE = (
+    "rocm_yolo.trainer",
+    "rocm_yolo.patches",
+    "rocm_yolo.conv.probe",
+    "rocm_yolo.conv.patch",
+    "rocm_yolo.testing",
+)
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
+MAX_MODULES_PER_FOLDER = 12  # not counting __init__ and __main__
+SHARED_NAMES = {"__init__", "__main__", "cli", "config"}  # module names a package may have of its own
 
 
 def modules() -> list[str]:
@@ -62,20 +72,22 @@ def test_the_cli_and_the_trainers_entry_import_nothing_heavy():
         "rocm_yolo.launch",
         "rocm_yolo.supervisor.loop",
         "rocm_yolo.status",
-        "rocm_yolo.trainer.child",
-        "rocm_yolo.trainer.launcher",  # on several GPUs the child only launches the ranks: no torch in it
-        "rocm_yolo.trainer.ranks",
+        "rocm_yolo.trainer.entry",
+        "rocm_yolo.trainer.agent.launcher",  # on several GPUs the child only launches the ranks: no torch in it
+        "rocm_yolo.trainer.agent.ranks",
     ]
     found = imported_after_each(names, ("torch", "ultralytics", "cv2", "numpy"))
     assert all(found[name] == [] for name in names), found
 
 
 def test_testing_hooks_are_imported_only_when_asked_for(tmp_path):
-    """Production code, the fork server's preload included, never imports rocm_yolo.testing on its own."""
+    """Production code, the fork server's preload included, never imports rocm_yolo.testing on its own: not even
+    with a fault asked for, unless the plugin is named (rocm_yolo.run.hooks)."""
     code = (
         "import os, sys\n"
-        "for var in ('ROCM_YOLO_FAULT', 'ROCM_YOLO_RECORD_BATCHES'): os.environ.pop(var, None)\n"
-        "import rocm_yolo.trainer.run, rocm_yolo.trainer.preload, rocm_yolo.conv.probe, rocm_yolo.patches.dataloader\n"
+        "os.environ.pop('ROCM_YOLO_PLUGINS', None); os.environ['ROCM_YOLO_FAULT'] = 'worker-hang'\n"
+        "import rocm_yolo.trainer.training, rocm_yolo.trainer.loaders.preload, rocm_yolo.conv.probe\n"
+        "import rocm_yolo.patches.dataloader\n"
         "from rocm_yolo.run import hooks\n"
         "hooks.arm_worker(None, None); hooks.conv_fault('native'); assert hooks.trainer_callbacks(None, 1) == []\n"
         "print(sorted(m for m in sys.modules if m.startswith('rocm_yolo.testing')))\n"
@@ -105,3 +117,57 @@ def test_modules_and_functions_stay_short():
                 if length > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {length} lines")
     assert long == []
+
+
+def test_the_imports_form_a_dag_among_modules_and_among_folders():
+    assert floorplan.report() == []
+
+
+def test_the_floor_plan_finds_a_cycle_through_a_function_level_import(tmp_path):
+    """The check itself: a cycle between two modules, one of its imports inside a function, and the folder cycle
+    it makes, are both found (an import under TYPE_CHECKING or in a function is still an import)."""
+    (tmp_path / "rocm_yolo" / "a").mkdir(parents=True)
+    (tmp_path / "rocm_yolo" / "b").mkdir()
+    (tmp_path / "patches").mkdir()
+    for folder in ("rocm_yolo", "rocm_yolo/a", "rocm_yolo/b"):
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "rocm_yolo" / "a" / "x.py").write_text("from rocm_yolo.b import y\n")
+    (tmp_path / "rocm_yolo" / "b" / "y.py").write_text("def f():\n    from rocm_yolo.a.x import g\n")
+    found = floorplan.report(tmp_path)
+    assert [line.split(":")[0] for line in found] == ["import cycle between modules", "import cycle between folders"]
+    assert "rocm_yolo.a.x, rocm_yolo.b.y" in found[0] and "rocm_yolo.a, rocm_yolo.b" in found[1]
+
+
+def test_the_shared_contract_depends_only_on_the_bottom_of_the_house():
+    """run/ is what both processes share: it imports nothing of ours but itself, errors and environment; nothing
+    in rocm_yolo imports the testing plugin, and only the trainer side and testing import patches."""
+    graph = floorplan.module_graph()
+    allowed = ("rocm_yolo.run", "rocm_yolo.errors", "rocm_yolo.environment")
+    outside = {
+        (a, b) for a, bs in graph.items() if a.startswith("rocm_yolo.run") for b in bs if not b.startswith(allowed)
+    }
+    assert outside == set()
+    testing = {a for a, bs in graph.items() if any(b.startswith("rocm_yolo.testing") for b in bs)}
+    assert {a for a in testing if not a.startswith("rocm_yolo.testing")} == set()
+
+
+def test_no_folder_holds_more_than_twelve_modules():
+    files = floorplan.module_files()
+    sizes: dict[Path, int] = {}
+    for name, path in files.items():
+        if path.stem not in ("__init__", "__main__"):
+            sizes[path.parent] = sizes.get(path.parent, 0) + 1
+    assert {str(f.relative_to(ROOT)): n for f, n in sizes.items() if n > MAX_MODULES_PER_FOLDER} == {}
+
+
+def test_a_modules_name_says_what_it_holds_and_is_its_own():
+    """No module name in two folders (but a package's own cli.py or config.py), and none named after a folder of
+    the package (trainer/run.py beside the run/ package read as one)."""
+    files = floorplan.module_files()
+    folders = {path.parent.name for path in files.values()}
+    seen: dict[str, list[str]] = {}
+    for name, path in files.items():
+        if path.stem not in SHARED_NAMES:
+            seen.setdefault(path.stem, []).append(name)
+    assert {stem: names for stem, names in seen.items() if len(names) > 1} == {}
+    assert sorted(stem for stem in seen if stem in folders) == []

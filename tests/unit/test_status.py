@@ -9,7 +9,7 @@ import sys
 
 from rocm_yolo import status
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.run.state import read_state, write_state
+from rocm_yolo.run.supervisor_state import read_state
 
 
 def test_status_survives_badly_typed_state_files(tmp_path):
@@ -42,7 +42,9 @@ def write_run(tmp_path, *, state="running", supervisor_pid=None, age=5.0, phase=
         "profile": "safe",
         "restarts": 1,
         "max_restarts": 3,
-        "hangs": [{"epoch": 2}],
+        "hangs": [
+            {"epoch": 2, "batch": 14, "phase": "train", "stalled_seconds": 30.0, "stacks": None, "detected": NOW - 100}
+        ],
         "lost_seconds": 42.4,
         "recoveries": [
             {
@@ -50,6 +52,7 @@ def write_run(tmp_path, *, state="running", supervisor_pid=None, age=5.0, phase=
                 "cause": "hang",
                 "lost_at": [2, 14],
                 "resumed_at": [2, 10],
+                "batches": 16,
                 "checkpoint": "ep2-ba10.pt",
                 "retrained_batches": 4,
                 "detect_seconds": 30.0,
@@ -62,7 +65,8 @@ def write_run(tmp_path, *, state="running", supervisor_pid=None, age=5.0, phase=
     }
     if watchdog is not None:
         record["watchdog"] = watchdog
-    write_state(paths.run_dir, record)
+    paths.state.mkdir(parents=True, exist_ok=True)
+    paths.supervisor.write_text(json.dumps(record))  # as a supervisor wrote it
     beat = {
         "seq": 9,
         "pid": 77,
@@ -113,7 +117,7 @@ def test_a_supervisor_that_is_gone_is_stopped_not_running(tmp_path):
 
 def test_stalled_is_what_the_runs_own_watchdog_would_say(tmp_path):
     """The run's stall timeout (as its supervisor recorded it), grown by slow steps, not a second guess."""
-    watchdog = {"stall_timeout": 30.0, "step_multiplier": 10.0, "startup_grace": 900.0}
+    watchdog = {"enabled": True, "stall_timeout": 30.0, "step_multiplier": 10.0, "startup_grace": 900.0}
     assert status.collect(write_run(tmp_path, age=29, watchdog=watchdog).run_dir, now=NOW)["state"] == "running"
     assert status.collect(write_run(tmp_path, age=31, watchdog=watchdog).run_dir, now=NOW)["state"] == "stalled?"
     slow = write_run(tmp_path, age=31, step=20.0, watchdog=watchdog)  # steps of 20 s: 200 s before it is a hang

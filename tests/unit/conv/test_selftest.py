@@ -48,6 +48,7 @@ def auto_run(tmp_path_factory):
     (conv-slow spins in each of its convolutions)."""
     cache = tmp_path_factory.mktemp("conv-cache")
     with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ROCM_YOLO_PLUGINS", "rocm_yolo.testing")
         mp.setenv("ROCM_YOLO_FAULT", "conv-half-inference@native,conv-slow@aten")
         strategy, why = _resolve(cache)
     (entry,) = json.loads((cache / convtest.CACHE_FILE).read_text()).values()
@@ -80,12 +81,15 @@ def test_auto_takes_the_fastest_by_measured_time_and_caches_the_timings(auto_run
     assert float(why.split(" aten ")[1].split("x")[0]) > 1
     assert entry["timing"] == {"imgsz": 32, "batch": 1, "amp": False}
 
+    monkeypatch.setenv("ROCM_YOLO_PLUGINS", "rocm_yolo.testing")
+
     monkeypatch.setenv("ROCM_YOLO_FAULT", ",".join(f"conv-hang@{s}" for s in convtest.STRATEGIES))
     again, why = _resolve(cache)  # answered from the cache: nothing runs (or hangs)
     assert again == strategy and "cached in" in why and convtest.timings_text(results, strategy) in why
 
 
 def test_selftest_survives_raise_abort_and_hang(monkeypatch):
+    monkeypatch.setenv("ROCM_YOLO_PLUGINS", "rocm_yolo.testing")
     monkeypatch.setenv("ROCM_YOLO_FAULT", "conv-abort@native,conv-raise@aten,conv-hang@fp32")
     results = convtest.run_selftest("cpu", timeout=5)  # the failing children never import torch: quick
     assert not results["native"]["ok"] and "SIGABRT" in results["native"]["error"]
@@ -138,19 +142,19 @@ def test_cache_dir_from_environment(tmp_path, monkeypatch):
 
 def test_strategy_names_have_one_source():
     """The CLI, the launcher, the self-test, the patch and the benchmark take the names from one module."""
-    from rocm_yolo import cli
     from rocm_yolo.conv import strategies as conv_strategies
-    from rocm_yolo.launch import request
+    from rocm_yolo.launch import train_request, validation
 
-    assert request.CONV_STRATEGIES == conv_strategies.CHOICES == ("auto",) + convtest.STRATEGIES
-    assert cli.CONV_STRATEGIES is conv_strategies.CHOICES
+    assert validation.CONV_STRATEGIES == conv_strategies.CHOICES == ("auto",) + convtest.STRATEGIES
+    assert train_request.CONV_STRATEGIES is conv_strategies.CHOICES
     assert "miopen-off" in conv_strategies.STRATEGIES
     root = Path(convtest.__file__).parent.parent.parent
     for path in (
-        "patches/conv.py",
+        "rocm_yolo/conv/patch.py",
         "benchmarks/bench_conv.py",
         "rocm_yolo/conv/selftest.py",
-        "rocm_yolo/launch/request.py",
+        "rocm_yolo/launch/train_request.py",
+        "rocm_yolo/launch/validation.py",
     ):
         text = (root / path).read_text()
         assert "from rocm_yolo.conv.strategies import" in text, path
@@ -160,8 +164,7 @@ def test_strategy_names_have_one_source():
 def test_doctor_conv_row_shows_the_timings_and_what_auto_picks(tmp_path, monkeypatch):
     """The doctor tests what training would run (the gfx101x presets: fp32, MIOPEN_FIND_MODE=FAST)
     and reports each strategy's time, auto's pick, and the choice training has cached."""
-    from rocm_yolo.doctor import WARN, Options
-    from rocm_yolo.doctor import gpu as doctor_gpu
+    from rocm_yolo.doctor import WARN, Options, gpu_checks
 
     seen = {}
     results = {
@@ -183,7 +186,7 @@ def test_doctor_conv_row_shows_the_timings_and_what_auto_picks(tmp_path, monkeyp
     cached = {"version": convtest.CACHE_VERSION, "strategy": "aten", "results": {"aten": _ok(0.2), "gemm": _ok(0.5)}}
     (tmp_path / convtest.CACHE_FILE).write_text(json.dumps({key: cached}))
     gpu = GpuNode(node=1, gfx_target_version=100100, arch="gfx1010")
-    (row,) = doctor_gpu.check_conv(Options(), [gpu], "hip")
+    (row,) = gpu_checks.check_conv(Options(), [gpu], "hip")
     assert row.status == WARN and row.found.endswith("auto picks gemm (gemm 1.0, miopen-off 3.0x, aten 3.1x)")
     assert "--conv gemm" in row.fix
     assert seen["device"] == "cuda" and seen["amp"] is False and seen["env"]["MIOPEN_FIND_MODE"] == "FAST"

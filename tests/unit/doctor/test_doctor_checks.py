@@ -15,11 +15,10 @@ import pytest
 from helpers import rows_by_check
 from rocm_yolo import doctor
 from rocm_yolo.cli import build_parser
-from rocm_yolo.doctor import FAIL, OK, SKIP, WARN, Options
+from rocm_yolo.doctor import FAIL, OK, SKIP, WARN, Options, gpu_checks
 from rocm_yolo.doctor import cli as doctor_cli
-from rocm_yolo.doctor import gpu as doctor_gpu
 from rocm_yolo.doctor import system as doctor_system
-from rocm_yolo.ultralytics_rules import datasets as doctor_data
+from rocm_yolo.ultralytics_rules.data import datasets
 from taskdata import TASKS, copy_task
 
 ALL_BUT = lambda *keep: ",".join(c for c in doctor.CHECKS if c not in keep)  # noqa: E731
@@ -88,7 +87,7 @@ def test_conclusion_and_exit_code():
     ],
 )
 def test_hsa_override_against_arch(arch, value, status, words):
-    row = doctor_gpu.override_row(arch, value)
+    row = gpu_checks.override_row(arch, value)
     assert row.status == status and words in row.found
     if value == "10.3.0" and (arch or "").startswith("gfx101"):
         assert "HSA_OVERRIDE_GFX_VERSION=10.1.0" in row.fix and "ROCm/legacy-rocm-build#887" in row.fix
@@ -120,9 +119,9 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="fake device files nee
 @needs_root
 def test_user_outside_render_group_gets_usermod_fix(tmp_path):
     opts = Options(root=fake_root(tmp_path), uid=1000, user="alice", groups=frozenset({"alice"}))
-    gpus, why = doctor_gpu.detect_gpus(opts)
+    gpus, why = gpu_checks.detect_gpus(opts)
     assert [g.arch for g in gpus] == ["gfx1010"]
-    rows = rows_by_check(doctor_gpu.check_gpu(opts, gpus, why))
+    rows = rows_by_check(gpu_checks.check_gpu(opts, gpus, why))
     assert rows["gpu.arch"].status == OK and "gfx1010" in rows["gpu.arch"].found
     assert rows["gpu.devices"].status == FAIL and "/dev/kfd" in rows["gpu.devices"].found
     assert rows["gpu.groups"].status == FAIL
@@ -132,7 +131,7 @@ def test_user_outside_render_group_gets_usermod_fix(tmp_path):
 @needs_root
 def test_group_added_but_session_not_refreshed(tmp_path):
     opts = Options(root=fake_root(tmp_path, members="alice"), uid=1000, user="alice", groups=frozenset({"alice"}))
-    rows = rows_by_check(doctor_gpu.check_gpu(opts, *doctor_gpu.detect_gpus(opts)))
+    rows = rows_by_check(gpu_checks.check_gpu(opts, *gpu_checks.detect_gpus(opts)))
     assert rows["gpu.groups"].status == FAIL and "log out" in rows["gpu.groups"].fix
 
 
@@ -144,13 +143,13 @@ def test_member_of_render_and_video_is_fine(tmp_path):
         user="alice",
         groups=frozenset({"alice", "render", "video"}),
     )
-    rows = rows_by_check(doctor_gpu.check_gpu(opts, *doctor_gpu.detect_gpus(opts)))
+    rows = rows_by_check(gpu_checks.check_gpu(opts, *gpu_checks.detect_gpus(opts)))
     assert rows["gpu.devices"].status == OK and rows["gpu.groups"].status == OK
 
 
 def test_missing_device_files_in_a_container(tmp_path):
     opts = Options(root=fake_root(tmp_path, devices=False), uid=0, user="root", groups=frozenset({"root"}))
-    rows = rows_by_check(doctor_gpu.check_gpu(opts, *doctor_gpu.detect_gpus(opts)))
+    rows = rows_by_check(gpu_checks.check_gpu(opts, *gpu_checks.detect_gpus(opts)))
     assert rows["gpu.devices"].status == FAIL and "--device=/dev/kfd" in rows["gpu.devices"].fix
 
 
@@ -250,10 +249,10 @@ def test_txt_image_lists_resolve_like_ultralytics(tmp_path, demo):
     (root / "train.txt").write_text("\n".join(f"./images/train/train_{i:04d}.png" for i in range(3)) + "\n")
     yaml = tmp_path / "list.yaml"
     yaml.write_text(f"path: {root}\ntrain: train.txt\nval: [images/val]\nnames: [a, b, c]\n")
-    spec = doctor_data.load_spec(yaml)
-    files, missing = doctor_data.image_files(spec.splits["train"])
+    spec = datasets.load_spec(yaml)
+    files, missing = datasets.image_files(spec.splits["train"])
     assert len(files) == 3 and not missing
-    assert doctor_data.label_path(files[0]).endswith("labels/train/train_0000.txt")
+    assert datasets.label_path(files[0]).endswith("labels/train/train_0000.txt")
 
 
 def test_amd_gpu_with_a_non_rocm_torch_is_blocking(tmp_path):
@@ -277,7 +276,7 @@ def test_json_report_is_strict_json():
 
 
 def test_an_ultralytics_outside_the_tested_range_is_a_warning(tmp_path, monkeypatch):
-    from rocm_yolo.trainer import compat
+    from rocm_yolo.ultralytics_rules import compat
 
     ours = doctor_system._metadata_version("ultralytics")
     assert rows_by_check(doctor_system.check_versions(Options(root=tmp_path), []))["versions.ultralytics"].status == OK
@@ -360,16 +359,16 @@ def test_doctor_command_on_a_classification_folder(task_data, tmp_path):
 
 
 def test_a_rocm_torch_without_the_cards_code_gets_the_install_line_for_the_card():
-    row = doctor_gpu._torch_arch_row("gfx1010", "gfx1010", ["gfx1030", "gfx1100"])  # pytorch.org's ROCm wheels
+    row = gpu_checks._torch_arch_row("gfx1010", "gfx1010", ["gfx1030", "gfx1100"])  # pytorch.org's ROCm wheels
     assert row.status == FAIL and "has no gfx1010 code" in row.found
     assert row.fix == (
         "install AMD's wheels for gfx1010: pip install 'torch[device-gfx1010]' 'torchvision[device-gfx1010]' "
         "--index-url https://stable.repo.amd.com/rocm/whl-next/"
     )
-    apu = doctor_gpu._torch_arch_row("gfx90c", "gfx90c", ["gfx900", "gfx906"])  # no wheels: a build, or the override
+    apu = gpu_checks._torch_arch_row("gfx90c", "gfx90c", ["gfx900", "gfx906"])  # no wheels: a build, or the override
     assert apu.fix.startswith("AMD publishes no torch wheels for gfx90c")
     assert apu.fix.endswith("with this torch, try HSA_OVERRIDE_GFX_VERSION=9.0.0 (runs it as gfx900)")
-    assert doctor_gpu._torch_arch_row("gfx1010", "gfx1010", ["gfx1010", "gfx1030"]).status == OK
+    assert gpu_checks._torch_arch_row("gfx1010", "gfx1010", ["gfx1010", "gfx1030"]).status == OK
 
 
 def _two_gpu_root(tmp_path, second: int, cmdline: str, renders=(128,)) -> Path:
@@ -391,7 +390,7 @@ def test_two_gpus_of_mixed_architectures_without_iommu_pt(tmp_path):
     from rocm_yolo.doctor import multigpu
 
     opts = Options(root=_two_gpu_root(tmp_path, 100300, "BOOT_IMAGE=/vmlinuz root=/dev/sda1 quiet"))
-    gpus, _ = doctor_gpu.detect_gpus(opts)
+    gpus, _ = gpu_checks.detect_gpus(opts)
     rows = rows_by_check(multigpu.check_multi_gpu(opts, gpus))
     assert rows["gpu.multi"].status == WARN and "mixed architectures gfx1010, gfx1030" in rows["gpu.multi"].found
     assert "'torch[device-gfx1010,device-gfx1030]'" in rows["gpu.multi"].fix
@@ -407,7 +406,7 @@ def test_two_alike_gpus_with_iommu_pt_and_one_gpu_gets_no_multi_gpu_rows(tmp_pat
     from rocm_yolo.doctor import multigpu
 
     opts = Options(root=_two_gpu_root(tmp_path, 100100, "root=/dev/sda1 iommu=pt", renders=(128, 129)))
-    gpus, _ = doctor_gpu.detect_gpus(opts)
+    gpus, _ = gpu_checks.detect_gpus(opts)
     rows = rows_by_check(multigpu.check_multi_gpu(opts, gpus))
     assert rows["gpu.multi"].status == OK and "2 GPUs, all gfx1010" in rows["gpu.multi"].found
     assert rows["gpu.rccl"].status == OK and "gpu.multi_devices" not in rows

@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 
 import rocm_yolo
-from helpers import fake_checkpoint
-from rocm_yolo import launch
+from helpers import fake_checkpoint, prepare
 from rocm_yolo.errors import UsageError
-from rocm_yolo.run import ownership
+from rocm_yolo.launch import ownership
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.supervisor.config import WatchdogConfig
 
@@ -44,7 +43,7 @@ def test_resuming_a_finished_run_is_refused_before_anything_is_written(tmp_path,
     checkpoint(RunPaths(run).last, epoch)
     before = snapshot(tmp_path)
     with pytest.raises(UsageError, match="has already finished all 3 epochs: nothing to resume"):
-        launch.prepare(resume=str(RunPaths(run).last))
+        prepare(resume=str(RunPaths(run).last))
     assert snapshot(tmp_path) == before and not ownership.held(run)  # not even the lock file
 
 
@@ -55,19 +54,19 @@ def test_a_finished_run_with_a_damaged_last_pt_is_refused_and_the_damaged_file_s
     paths.last.write_bytes(paths.last_good.read_bytes()[:100])  # cut short by a stop in the final save
     before = snapshot(tmp_path)
     with pytest.raises(UsageError, match="already finished"):
-        launch.prepare(resume=str(paths.last))
+        prepare(resume=str(paths.last))
     assert snapshot(tmp_path) == before  # not moved aside: nothing is changed
 
 
 def test_an_unfinished_run_still_resumes_and_a_mid_epoch_one_too(tmp_path):
     paths = RunPaths(tmp_path / "runs" / "detect" / "train")
     checkpoint(paths.last, 0, mid=False)
-    spec = launch.prepare(resume=str(paths.last))
+    spec = prepare(resume=str(paths.last))
     assert spec.resume == str(paths.last)
     ownership.release(spec.run_dir)
     checkpoint(paths.mid_checkpoint(3, 4), 1, mid=True)  # the final epoch, inside it: not finished
     os.utime(paths.last, (1, 1))
-    spec = launch.prepare(resume=str(paths.last))
+    spec = prepare(resume=str(paths.last))
     assert spec.resume == str(paths.mid_checkpoint(3, 4))
     ownership.release(spec.run_dir)
 
@@ -80,7 +79,7 @@ def test_a_reused_directory_with_any_checkpoint_of_another_run_is_refused(tiny_d
     project = tmp_path / "p"
     checkpoint(project / "work" / "weights" / left, 0)
     with pytest.raises(UsageError, match=f"already holds weights/{left}, a checkpoint of another run"):
-        launch.prepare(str(tiny_data), project=str(project), name="work", extra={"exist_ok": True})
+        prepare(str(tiny_data), project=str(project), name="work", **{"exist_ok": True})
     assert not ownership.held(project / "work")
 
 
@@ -90,10 +89,10 @@ def test_a_reused_directory_is_not_this_runs_own_and_its_reports_are_kept(tiny_d
     (run / "notes.txt").write_text("mine")
     (RunPaths(run).state).mkdir()
     RunPaths(run).spec(1).write_text("{}")  # an earlier attempt's spec, even one that cannot be read
-    spec = launch.prepare(str(tiny_data), project=str(tmp_path / "p"), name="work", extra={"exist_ok": True})
+    spec = prepare(str(tiny_data), project=str(tmp_path / "p"), name="work", **{"exist_ok": True})
     ownership.release(spec.run_dir)
     assert spec.created is False and spec.attempt == 2  # never overwrites spec-1.json, crash-1.txt, ...
-    fresh = launch.prepare(str(tiny_data), project=str(tmp_path / "p"), name="new")
+    fresh = prepare(str(tiny_data), project=str(tmp_path / "p"), name="new")
     ownership.release(fresh.run_dir)
     assert fresh.created is True and fresh.attempt == 1
 
@@ -105,10 +104,10 @@ def test_cfg_file_keys_go_through_the_same_checks(tiny_data, tmp_path):
         cfg = tmp_path / "cfg.yaml"
         cfg.write_text(line + "\n")
         with pytest.raises(UsageError, match=r"cfg=.*|not a valid Ultralytics argument"):
-            launch.prepare(str(tiny_data), project=str(tmp_path / "p"), name="B", extra={"cfg": str(cfg)})
+            prepare(str(tiny_data), project=str(tmp_path / "p"), name="B", **{"cfg": str(cfg)})
     assert not (tmp_path / "p").exists()
     cfg.write_text(f"project: {tmp_path / 'q'}\nname: from-cfg\nepochs: 7\nlr0: 0.02\nresume: false\nmode: train\n")
-    spec = launch.prepare(str(tiny_data), epochs=2, extra={"cfg": str(cfg)})
+    spec = prepare(str(tiny_data), epochs=2, **{"cfg": str(cfg)})
     ownership.release(spec.run_dir)
     assert spec.run_dir == str(tmp_path / "q" / "from-cfg") and spec.created  # claimed as the flags would be
     assert spec.train_args["epochs"] == 2 and spec.train_args["lr0"] == 0.02 and "cfg" not in spec.train_args
@@ -118,16 +117,16 @@ def test_a_cfg_file_or_data_yaml_that_is_a_fifo_is_refused_not_read(tiny_data, t
     fifo = tmp_path / "pipe.yaml"
     os.mkfifo(fifo)
     with pytest.raises(UsageError, match="is a FIFO, not a regular file"):
-        launch.prepare(str(tiny_data), project=str(tmp_path / "p"), extra={"cfg": str(fifo)})
+        prepare(str(tiny_data), project=str(tmp_path / "p"), **{"cfg": str(fifo)})
     with pytest.raises(UsageError, match="is a FIFO, not a regular file"):
-        launch.prepare(str(fifo), project=str(tmp_path / "p"))
+        prepare(str(fifo), project=str(tmp_path / "p"))
 
 
 def test_a_symlinked_data_yaml_is_handed_on_as_named(tiny_data, tmp_path):
     link = tmp_path / "set" / "data.yaml"
     link.parent.mkdir()
     link.symlink_to(tiny_data)
-    spec = launch.prepare(str(link), project=str(tmp_path / "p"))
+    spec = prepare(str(link), project=str(tmp_path / "p"))
     ownership.release(spec.run_dir)
     assert spec.data == str(link) and spec.train_args["data"] == str(link)
 
@@ -148,7 +147,7 @@ def test_a_symlinked_data_yaml_is_handed_on_as_named(tiny_data, tmp_path):
 )
 def test_a_number_that_is_not_finite_is_a_usage_error(tiny_data, tmp_path, extra):
     with pytest.raises(UsageError, match="finite|not an integer"):
-        launch.prepare(str(tiny_data), project=str(tmp_path / "p"), extra=dict(extra))
+        prepare(str(tiny_data), project=str(tmp_path / "p"), **dict(extra))
     assert not (tmp_path / "p").exists()
 
 
@@ -166,7 +165,7 @@ def test_the_watchdog_refuses_a_timeout_that_would_switch_it_off(tiny_data, tmp_
 
 
 def test_a_spec_of_another_version_is_read_where_it_can_be_and_never_overwritten(tiny_data, tmp_path):
-    first = launch.prepare(str(tiny_data), project=str(tmp_path), model="yolo26n.yaml", workers=2)
+    first = prepare(str(tiny_data), project=str(tmp_path), model="yolo26n.yaml", workers=2)
     ownership.release(first.run_dir)
     paths = RunPaths(first.run_dir)
     first.save()
@@ -174,12 +173,12 @@ def test_a_spec_of_another_version_is_read_where_it_can_be_and_never_overwritten
     newer["a_field_of_a_later_version"] = 1
     paths.spec(1).write_text(json.dumps(newer))  # readable: unknown fields are left out
     checkpoint(paths.last, 0)
-    again = launch.prepare(resume=str(paths.last))
+    again = prepare(resume=str(paths.last))
     ownership.release(again.run_dir)
     assert again.attempt == 2 and again.loader.workers == 2
     paths.spec(2).write_text('{"run_dir": 3}')  # unreadable: the next attempt still comes after it
     paths.spec(1).unlink()
-    third = launch.prepare(resume=str(paths.last))
+    third = prepare(resume=str(paths.last))
     ownership.release(third.run_dir)
     assert third.attempt == 3 and any("spec-2.json cannot be read" in n for n in third.notes)
 
@@ -190,4 +189,4 @@ def test_a_plain_zip_is_no_checkpoint_to_resume(tmp_path):
     with zipfile.ZipFile(last, "w") as z:
         z.writestr("notes.txt", "hello")
     with pytest.raises(UsageError, match="no data.pkl"):
-        launch.prepare(resume=str(last))
+        prepare(resume=str(last))

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Cli, fake_checkpoint
+from helpers import Cli, fake_checkpoint, prepare, request
 from rocm_yolo import launch
 from rocm_yolo.errors import UsageError
-from rocm_yolo.launch.request import make_spec
-from rocm_yolo.run import ownership
+from rocm_yolo.launch import ownership
+from rocm_yolo.launch.train_request import TrainRequest, parse_key_values
+from rocm_yolo.launch.validation import make_spec
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.ultralytics_rules import config as ucfg
@@ -18,33 +19,33 @@ from taskdata import copy_task
 
 
 def test_key_values_are_parsed_like_ultralytics():
-    assert launch.parse_key_values(["lr0=0.01", "cache=ram", "val=False", "close_mosaic=0"]) == {
+    assert parse_key_values(["lr0=0.01", "cache=ram", "val=False", "close_mosaic=0"]) == {
         "lr0": 0.01,
         "cache": "ram",
         "val": False,
         "close_mosaic": 0,
     }
     with pytest.raises(UsageError, match="not KEY=VALUE"):
-        launch.parse_key_values(["epochs"])
+        parse_key_values(["epochs"])
 
 
 def test_run_directories_follow_ultralytics_naming(tiny_data, tmp_path):
     project = tmp_path / "p"
-    a = launch.prepare(str(tiny_data), project=str(project), device="cpu")
-    b = launch.prepare(str(tiny_data), project=str(project), device="cpu")
+    a = prepare(str(tiny_data), project=str(project), device="cpu")
+    b = prepare(str(tiny_data), project=str(project), device="cpu")
     assert Path(a.run_dir).name == "train" and Path(b.run_dir).name == "train-2"
     assert a.train_args["exist_ok"] is True and a.model == ucfg.load().task2model["detect"]
     weights = project / "train" / "weights"
     weights.mkdir()
     (weights / "last.pt").write_bytes(b"x")
     with pytest.raises(UsageError, match="already holds weights/last.pt"):
-        launch.prepare(str(tiny_data), project=str(project), name="train", extra={"exist_ok": True})
+        prepare(str(tiny_data), project=str(project), name="train", **{"exist_ok": True})
 
 
 @pytest.mark.parametrize("name", ["../../escape", "/abs/path", "a/../../b", ".."])
 def test_a_name_must_stay_inside_the_project(tiny_data, tmp_path, name):
     with pytest.raises(UsageError, match="must stay inside --project"):
-        launch.prepare(str(tiny_data), project=str(tmp_path / "p"), name=name, device="cpu")
+        prepare(str(tiny_data), project=str(tmp_path / "p"), name=name, device="cpu")
     assert not (tmp_path / "p").exists() and not (tmp_path / "escape").exists()
 
 
@@ -62,10 +63,10 @@ def test_a_name_must_stay_inside_the_project(tiny_data, tmp_path, name):
 )
 def test_a_multi_gpu_run_needs_a_batch_each_gpu_gets_a_share_of(tiny_data, tmp_path, device, extra, message):
     if message is None:
-        assert make_spec(str(tiny_data), project=str(tmp_path / "p"), device=device, extra=dict(extra))
+        assert make_spec(TrainRequest(str(tiny_data), project=str(tmp_path / "p"), device=device, overrides=extra))
         return
-    with pytest.raises(UsageError) as e:
-        launch.prepare(str(tiny_data), project=str(tmp_path / "p"), device=device, extra=dict(extra))
+    with pytest.raises(UsageError) as e:  # extra: KEY=VALUE
+        launch.prepare(TrainRequest(str(tiny_data), project=str(tmp_path / "p"), device=device, overrides=extra))
     assert message in str(e.value)
     assert not (tmp_path / "p").exists()  # refused before anything is written
 
@@ -74,19 +75,19 @@ def test_a_multi_gpu_run_needs_a_batch_each_gpu_gets_a_share_of(tiny_data, tmp_p
 def test_a_multi_gpu_run_is_one_spec_for_all_its_ranks(tiny_data, tmp_path, device, batch):
     from rocm_yolo.run.devices import world_size
 
-    spec = make_spec(str(tiny_data), project=str(tmp_path / "p"), device=device, batch=batch)
+    spec = make_spec(request(str(tiny_data), project=str(tmp_path / "p"), device=device, batch=batch))
     assert world_size(spec.train_args) == len(str(device).split(","))
 
 
 def test_a_resume_outside_a_run_directory_is_refused(tmp_path):
     backup = fake_checkpoint(tmp_path / "backup" / "last.pt")
     with pytest.raises(UsageError, match="RUN/weights/last.pt") as e:
-        launch.prepare(resume=str(backup))
+        prepare(resume=str(backup))
     assert "--model" in str(e.value) and not RunPaths(tmp_path).state.exists()  # tmp_path was not made a run
 
 
 def _first_run(tiny_data, project, **extra):
-    spec = launch.prepare(str(tiny_data), project=str(project), model="yolo26n.yaml", workers=2, extra=extra)
+    spec = prepare(str(tiny_data), project=str(project), model="yolo26n.yaml", workers=2, **extra)
     spec.save()
     fake_checkpoint(Path(spec.run_dir) / "weights" / "last.pt")
     return spec
@@ -94,29 +95,32 @@ def _first_run(tiny_data, project, **extra):
 
 def test_a_bare_resume_keeps_the_runs_own_settings(tiny_data, tmp_path):
     first = _first_run(tiny_data, tmp_path, val=False, timeout=60, pin_memory=False)
-    again = launch.prepare(resume=str(Path(first.run_dir) / "weights" / "last.pt"))
+    again = prepare(resume=str(Path(first.run_dir) / "weights" / "last.pt"))
     assert again.profile == "fast" and again.loader.workers == 2 and again.attempt == 2
     assert again.val is False and again.loader.timeout == 60 and again.loader.pin_memory is False
     assert again.run_dir == first.run_dir and again.resume.endswith("last.pt")
 
 
-def test_a_resume_on_another_profile_takes_that_profiles_settings(tiny_data, tmp_path):
-    first = _first_run(tiny_data, tmp_path, val=False, timeout=60)
-    again = launch.prepare(resume=True, project=str(tmp_path), profile="single")
-    assert again.profile == "single" and again.loader.workers == 0 and again.val is True
+def test_a_resume_on_another_profile_keeps_what_the_user_set_that_the_profile_can_take(tiny_data, tmp_path):
+    first = _first_run(tiny_data, tmp_path, val=False, timeout=60, prefetch_factor=8)
+    again = prepare(resume=True, project=str(tmp_path), profile="single")
+    assert again.profile == "single" and again.loader.workers == 0 and again.workers_requested == 2
+    assert again.val is False and again.loader.timeout == 60  # the user's own settings win over single's defaults
+    assert again.loader.prefetch_factor is None and "prefetch_factor" not in again.user_keys  # single cannot take it
+    assert "profile 'single' cannot take prefetch_factor=: dropped" in again.notes
     assert "resume changes the profile: fast -> single" in again.notes
     assert again.run_dir == first.run_dir
 
 
 def test_the_interval_travels_in_the_spec_and_a_resume_keeps_it(tiny_data, tmp_path):
-    spec = launch.prepare(str(tiny_data), project=str(tmp_path), model="yolo26n.yaml", checkpoint_every="250ba")
+    spec = prepare(str(tiny_data), project=str(tmp_path), model="yolo26n.yaml", checkpoint_every="250ba")
     assert spec.checkpoint_every == "250ba"
     assert RunSpec.from_json(spec.to_json()).checkpoint_every == "250ba"
     spec.save()
     fake_checkpoint(Path(spec.run_dir) / "weights" / "last.pt")
-    again = launch.prepare(resume=str(Path(spec.run_dir) / "weights" / "last.pt"))
+    again = prepare(resume=str(Path(spec.run_dir) / "weights" / "last.pt"))
     assert again.checkpoint_every == "250ba"
-    default = launch.prepare(str(tiny_data), project=str(tmp_path), name="other", model="yolo26n.yaml")
+    default = prepare(str(tiny_data), project=str(tmp_path), name="other", model="yolo26n.yaml")
     assert default.checkpoint_every == "10m"
 
 
@@ -137,24 +141,24 @@ def test_data_that_does_not_fit_the_model_is_a_one_line_usage_error(task_data, t
     assert "is a directory: a segment model trains on a dataset YAML" in line and "yolo26n-cls" in line
     assert not (tmp_path / "runs" / "segment" / "train").exists()
     with pytest.raises(UsageError, match="a classification model trains on a directory of class folders"):
-        launch.prepare(str(task_data["segment"]), model="yolo26n-cls.yaml", project=str(tmp_path / "p"))
+        prepare(str(task_data["segment"]), model="yolo26n-cls.yaml", project=str(tmp_path / "p"))
     with pytest.raises(UsageError, match="'demo' is a detection data set"):
-        launch.prepare("demo", model="yolo26n-pose.yaml", project=str(tmp_path / "p"))
+        prepare("demo", model="yolo26n-pose.yaml", project=str(tmp_path / "p"))
 
 
 def test_cli_refuses_labels_ultralytics_would_refuse(task_data, tmp_path):
     pose = copy_task(task_data, "pose", tmp_path)
     pose.write_text(pose.read_text().replace("kpt_shape: [3, 3]", "kpt_shape: [3, 2]"))  # labels have 3 values each
     with pytest.raises(UsageError, match=r"train_000\.txt:1: 14 numbers, expected 11 .*kpt_shape \[3, 2\]"):
-        launch.prepare(str(pose), model="yolo26n-pose.yaml", project=str(tmp_path / "p"))
+        prepare(str(pose), model="yolo26n-pose.yaml", project=str(tmp_path / "p"))
     obb = copy_task(task_data, "obb", tmp_path)
     (obb.parent / "labels/val/val_002.txt").write_text("0 0.5 0.5 0.2 0.2\n")
     with pytest.raises(UsageError, match=r"val_002\.txt:1: a box .* where obb needs 9"):
-        launch.prepare(str(obb), model="yolo26n-obb.yaml", project=str(tmp_path / "p"))
+        prepare(str(obb), model="yolo26n-obb.yaml", project=str(tmp_path / "p"))
     seg = copy_task(task_data, "segment", tmp_path)
     with open(seg.parent / "labels/train/train_003.txt", "a") as f:
         f.write("1 0.1 0.1 0.5 0.1 0.5\n")
-    spec = launch.prepare(str(seg), model="yolo26n-seg.yaml", project=str(tmp_path / "p"))
+    spec = prepare(str(seg), model="yolo26n-seg.yaml", project=str(tmp_path / "p"))
     ownership.release(spec.run_dir)
     [note] = [n for n in spec.notes if n.startswith("data:")]
     assert "1 of the first 8 train label files" in note and "train_003.txt:2: 6 numbers" in note

@@ -93,7 +93,7 @@ def test_real_spawn_workers_load_and_record_themselves(installed, tmp_path):
 
 
 def test_workers_fork_from_a_preloaded_server_that_holds_no_gpu_and_runs_no_thread(installed, tmp_path):
-    from rocm_yolo.trainer import forkserver
+    from rocm_yolo.trainer.loaders import forkserver
 
     forkserver.start(tmp_path)  # as the training child does (this test process stands in for the trainer)
     installed(resolve("fast", 2, cpu_count=4).loader, tmp_path)

@@ -9,11 +9,11 @@ import pytest
 
 from rocm_yolo.run import heartbeat
 from rocm_yolo.run.heartbeat import Heartbeat
-from rocm_yolo.supervisor.child import PipeReader
+from rocm_yolo.supervisor.trainer_process import PipeReader
 
 
 def test_a_heartbeat_file_that_cannot_be_written_is_said_once_and_still_heard(tmp_path):
-    from rocm_yolo.trainer.heartbeat import HeartbeatWriter
+    from rocm_yolo.trainer.callbacks.heartbeat_writer import HeartbeatWriter
 
     read_end, write_end = os.pipe()
     said = []

@@ -8,71 +8,15 @@ import zipfile
 from dataclasses import replace
 from pathlib import Path
 
+import fakes
+from fakes import Clock, ScriptedChild, beat
 from rocm_yolo import errors
 from rocm_yolo.run.events import RunLog
-from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.loop import Supervisor
 from rocm_yolo.supervisor.stall import StallDetector
 
 CONFIG = WatchdogConfig(stall_timeout=60, step_multiplier=10, startup_grace=300, max_restarts=2, poll_interval=1)
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, dt):
-        self.now += dt
-
-
-def beat(seq, *, phase="train", batch=1, batches_total=1, step=1.0, epoch=1, pid=100):
-    return Heartbeat(
-        seq=seq,
-        pid=pid,
-        attempt=1,
-        phase=phase,
-        epoch=epoch,
-        epochs=3,
-        batch=batch,
-        batches=50,
-        step_max=step,
-        step_last=step,
-        batches_total=batches_total,
-        it_s=1 / step,
-        time=0,
-        started=0,
-    )
-
-
-class Script:
-    """A fake child: ``events`` maps a time to the heartbeat it shows from then on, or an exit code."""
-
-    def __init__(self, clock, events, exit_at=None, code=0):
-        self.clock, self.events, self.exit_at, self.code = clock, sorted(events.items()), exit_at, code
-        self.pid = 100
-        self.dumped = self.killed = False
-
-    def poll(self):
-        return self.code if self.exit_at is not None and self.clock() >= self.exit_at else None
-
-    def heartbeats(self):
-        """The scripted heartbeats due since the last call, as the pipe gives them."""
-        due = [hb for t, hb in self.events if t <= self.clock()]
-        new, self.seen = due[getattr(self, "seen", 0) :], len(due)
-        return new
-
-    def dump_stacks(self, out: Path) -> Path:
-        self.dumped = True
-        out.write_text("stacks")
-        return out
-
-    def kill(self):
-        self.killed = True
-        return []
 
 
 def steady(clock, seconds, step, start=5.0, phase="train"):
@@ -82,26 +26,11 @@ def steady(clock, seconds, step, start=5.0, phase="train"):
         events[t] = beat(seq, phase=phase, batch=seq, batches_total=seq, step=step)
         t += step
         seq += 1
-    return Script(clock, events, exit_at=seconds)
+    return ScriptedChild(clock, events, exit_at=seconds)
 
 
 def supervise(spec, children, clock, config=CONFIG, **kw):
-    made = []
-
-    def factory(s, c):
-        made.append(s)
-        return children[len(made) - 1]
-
-    sup = Supervisor(
-        spec,
-        config,
-        child_factory=factory,
-        clock=clock,
-        sleep=clock.sleep,
-        log=RunLog(stream=open("/dev/null", "w")),
-        **kw,
-    )
-    return sup.run(), made
+    return fakes.supervise(spec, children, clock, config, **kw)
 
 
 def test_slow_but_steady_steps_are_no_hang(spec):
@@ -120,14 +49,14 @@ def test_long_validation_and_save_are_no_hang(spec):
         events[t] = beat(seq, phase="val", batch=i + 1, step=20)
         t, seq = t + 20, seq + 1
     events[t + 50] = beat(seq, phase="save", step=20)
-    child = Script(clock, events, exit_at=t + 60)
+    child = ScriptedChild(clock, events, exit_at=t + 60)
     result, _ = supervise(spec, [child], clock)
     assert result.exit_code == errors.OK and result.hangs == []
 
 
 def test_startup_grace_before_the_first_batch(spec):
     clock = Clock()
-    child = Script(clock, {250: beat(1, batch=1, batches_total=1)}, exit_at=260)  # 250 s scan: > floor, < grace
+    child = ScriptedChild(clock, {250: beat(1, batch=1, batches_total=1)}, exit_at=260)  # 250 s scan: > floor, < grace
     result, _ = supervise(spec, [child], clock)
     assert result.exit_code == errors.OK and result.hangs == []
 
@@ -138,7 +67,7 @@ def test_a_hang_is_detected_dumped_killed_and_resumed_on_the_next_profile(spec):
     weights.mkdir(parents=True)
     with zipfile.ZipFile(weights / "last.pt", "w") as z:
         z.writestr("last/data.pkl", pickle.dumps({"epoch": 0, "train_args": {"epochs": 3}}))
-    hung = Script(clock, {5: beat(1), 6: beat(2, batch=2, batches_total=2)})  # stops at t=6
+    hung = ScriptedChild(clock, {5: beat(1), 6: beat(2, batch=2, batches_total=2)})  # stops at t=6
     healthy = steady(clock, 200, 1, start=clock.now)
     healthy.events = [(t + 70, hb) for t, hb in healthy.events]
     healthy.exit_at = 300
@@ -146,8 +75,8 @@ def test_a_hang_is_detected_dumped_killed_and_resumed_on_the_next_profile(spec):
     assert result.exit_code == errors.OK and result.restarts == 1
     assert hung.dumped and hung.killed and healthy.killed  # the tree goes on every path
     [hang] = result.hangs
-    assert hang["epoch"] == 1 and hang["batch"] == 2 and Path(hang["stacks"]).name == "hang-1-stacks.txt"
-    assert 60 < hang["stalled_seconds"] <= 62  # the 60 s floor (steps were 1 s), within one tick
+    assert hang.epoch == 1 and hang.batch == 2 and Path(hang.stacks).name == "hang-1-stacks.txt"
+    assert 60 < hang.stalled_seconds <= 62  # the 60 s floor (steps were 1 s), within one tick
     assert [s.profile for s in made] == ["fast", "safe"]
     assert made[1].resume == str(weights / "last.pt") and made[1].attempt == 2
     assert made[1].loader.persistent_workers is False and made[1].val is False
@@ -155,7 +84,7 @@ def test_a_hang_is_detected_dumped_killed_and_resumed_on_the_next_profile(spec):
 
 def test_crashes_are_restarted_down_the_ladder_then_given_up(spec):
     clock = Clock()
-    children = [Script(clock, {}, exit_at=1, code=1) for _ in range(4)]
+    children = [ScriptedChild(clock, {}, exit_at=1, code=1) for _ in range(4)]
     result, made = supervise(spec, children, clock, config=replace(CONFIG, max_restarts=3))
     assert result.exit_code == errors.FAILED and result.restarts == 3
     assert [s.profile for s in made] == ["fast", "safe", "threads", "single"]  # the default ladder
@@ -169,21 +98,21 @@ def test_crashes_are_restarted_down_the_ladder_then_given_up(spec):
 
 def test_user_errors_are_not_retried(spec):
     clock = Clock()
-    result, made = supervise(spec, [Script(clock, {}, exit_at=1, code=errors.USAGE)], clock)
+    result, made = supervise(spec, [ScriptedChild(clock, {}, exit_at=1, code=errors.USAGE)], clock)
     assert result.exit_code == errors.USAGE and len(made) == 1
 
 
 def test_no_watchdog_means_no_stall_detection_and_no_restart(spec):
     clock = Clock()
     config = WatchdogConfig(enabled=False, stall_timeout=1, startup_grace=1, poll_interval=1)
-    child = Script(clock, {1: beat(1)}, exit_at=5000)  # silent for over an hour, then done
+    child = ScriptedChild(clock, {1: beat(1)}, exit_at=5000)  # silent for over an hour, then done
     result, _ = supervise(spec, [child], clock, config=config)
     assert result.exit_code == errors.OK and result.hangs == []
 
 
 def test_interrupt_stops_the_child_and_reports_130(spec):
     clock = Clock()
-    child = Script(clock, {1: beat(1)})
+    child = ScriptedChild(clock, {1: beat(1)})
     sup = Supervisor(
         spec,
         CONFIG,
@@ -208,23 +137,24 @@ def test_detector_timeout_adapts_to_the_slowest_recent_step():
 
 
 def test_state_file_follows_the_running_attempt_and_profiles_do_not_leak_env(spec):
-    from rocm_yolo.run.state import read_state
+    from rocm_yolo.run.supervisor_state import read_state
 
     clock = Clock()
     seen = {}
 
-    class Watched(Script):
+    class Watched(ScriptedChild):
         def poll(self):
             if self.clock() >= 120 and "state" not in seen:
                 seen["state"] = read_state(spec.run_dir)
             return super().poll()
 
-    hung = Script(clock, {5: beat(1), 6: beat(2, batch=2, batches_total=2)})
-    healthy = Watched(clock, {100: beat(1, pid=101), 101: beat(2, batch=2, batches_total=2, pid=101)}, exit_at=150)
-    healthy.pid = 101
+    hung = ScriptedChild(clock, {5: beat(1), 6: beat(2, batch=2, batches_total=2)})
+    healthy = Watched(
+        clock, {100: beat(1, pid=101), 101: beat(2, batch=2, batches_total=2, pid=101)}, pid=101, exit_at=150
+    )
     result, made = supervise(spec.with_changes(profile="safe", env={"OMP_NUM_THREADS": "2"}), [hung, healthy], clock)
     assert result.exit_code == errors.OK
     assert made[1].profile == "threads" and made[1].env == {}  # safe's OMP_NUM_THREADS does not follow
     state = seen["state"]
-    assert (state["attempt"], state["profile"], state["child_pid"], state["restarts"]) == (2, "threads", 101, 1)
-    assert Path(result.hangs[0]["stacks"]).name == "hang-1-stacks.txt"
+    assert (state.attempt, state.profile, state.child_pid, state.restarts) == (2, "threads", 101, 1)
+    assert Path(result.hangs[0].stacks).name == "hang-1-stacks.txt"

@@ -6,11 +6,11 @@ import inspect
 
 from rocm_yolo.testing.faults import Injector
 from rocm_yolo.testing.recorder import BatchRecorder
-from rocm_yolo.trainer.callbacks import CALLBACK_EVENTS, callbacks_of, register
-from rocm_yolo.trainer.checkpoint_resume import MidEpochResume
-from rocm_yolo.trainer.checkpoint_save import MidEpochSave
-from rocm_yolo.trainer.heartbeat import HeartbeatWriter
-from rocm_yolo.trainer.run_hooks import RunHooks
+from rocm_yolo.trainer.callbacks.heartbeat_writer import HeartbeatWriter
+from rocm_yolo.trainer.callbacks.registry import CALLBACK_EVENTS, callbacks_of, register
+from rocm_yolo.trainer.callbacks.run_hooks import RunHooks
+from rocm_yolo.trainer.checkpointing.restore import MidEpochResume
+from rocm_yolo.trainer.checkpointing.save import MidEpochSave
 
 OWNERS = (RunHooks, HeartbeatWriter, MidEpochSave, MidEpochResume, Injector, BatchRecorder)
 

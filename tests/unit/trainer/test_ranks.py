@@ -12,9 +12,10 @@ import torch
 from rocm_yolo import errors
 from rocm_yolo.run import devices, heartbeat
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.supervisor.child import PipeReader
+from rocm_yolo.supervisor.trainer_process import PipeReader
 from rocm_yolo.testing import faults
-from rocm_yolo.trainer import launcher, sample_order
+from rocm_yolo.trainer.agent import launcher
+from rocm_yolo.trainer.checkpointing import sample_order
 
 
 @pytest.mark.parametrize(
@@ -39,7 +40,7 @@ def test_the_gpus_a_device_argument_names(device, ids):
 def test_a_batch_must_divide_by_the_gpus():
     assert devices.check_batch(8, ["0", "1"]) is None and devices.check_batch(5, ["0"]) is None
     assert "does not divide by the 2 GPUs" in devices.check_batch(5, ["0", "1"])
-    assert "the default batch 16 does not divide by the 3 GPUs" in devices.check_batch(None, ["0", "1", "2"])
+    assert "the default batch 16 does not divide by the 3 GPUs" in devices.check_batch(16, ["0", "1", "2"], given=False)
     assert "AutoBatch" in devices.check_batch(-1, ["0", "1"]) and "AutoBatch" in devices.check_batch(0.7, ["0", "1"])
 
 

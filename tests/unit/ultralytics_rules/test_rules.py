@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from rocm_yolo.ultralytics_rules import config as ucfg
-from rocm_yolo.ultralytics_rules import datasets, labels, tasks
+from rocm_yolo.ultralytics_rules import tasks
+from rocm_yolo.ultralytics_rules.data import datasets, labels
 
 
 def test_ultralytics_config_is_read_without_importing_it():

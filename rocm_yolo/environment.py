@@ -1,0 +1,70 @@
+"""Every environment variable rocm-yolo reads or sets, in one place (as submitit's ``JobEnvironment`` does it).
+
+The bottom of the house: it imports nothing of rocm-yolo's, and every other module takes the
+names from here.
+
+Between rocm-yolo's own processes (one sets it, a descendant reads it):
+
+- :data:`SUPERVISOR_PID`: the supervisor, for the trainer and its workers (``PR_SET_PTRACER``: py-spy may attach);
+- :data:`HEARTBEAT_FD`: the write end of the supervisor's heartbeat pipe, in the training child;
+- :data:`HEARTBEAT_FIFO`: on several GPUs, the launcher's FIFO each rank writes its heartbeat lines into;
+- :data:`TORCHRUN_PID`: on several GPUs, the ``torch.distributed.run`` each rank dies with;
+- :data:`TRAINER_PID`, :data:`RUN_DIR`: the trainer a fork server dies with, and where it records itself.
+
+Set by users:
+
+- :data:`CACHE_DIR`: rocm-yolo's cache (:func:`cache_dir`); :data:`DEMO_DIR`: the demo data set;
+- :data:`KFD_ROOT`: the GPU topology (a fake tree in tests, a mounted system image);
+- :data:`GEMM_CHUNK_MB`: the unfold buffer of the ``gemm`` Conv2d strategy.
+
+For tests and benchmarks only:
+
+- :data:`PLUGINS`: modules that answer the hook points of :mod:`rocm_yolo.run.hooks` (``rocm_yolo.testing``);
+- :data:`FAULT`, :data:`RECORD_BATCHES`: what that plugin reads (CONTRIBUTING.md, :mod:`rocm_yolo.testing`).
+
+Torch's launcher sets :data:`RANK`, :data:`LOCAL_RANK` and :data:`WORLD_SIZE` in each rank, as Ultralytics reads them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+# between rocm-yolo's processes
+SUPERVISOR_PID = "ROCM_YOLO_SUPERVISOR_PID"
+HEARTBEAT_FD = "ROCM_YOLO_HEARTBEAT_FD"
+HEARTBEAT_FIFO = "ROCM_YOLO_HEARTBEAT_FIFO"
+TORCHRUN_PID = "ROCM_YOLO_TORCHRUN_PID"
+TRAINER_PID = "ROCM_YOLO_TRAINER_PID"
+RUN_DIR = "ROCM_YOLO_RUN_DIR"
+
+# set by users
+CACHE_DIR = "ROCM_YOLO_CACHE_DIR"
+DEMO_DIR = "ROCM_YOLO_DEMO_DIR"
+KFD_ROOT = "ROCM_YOLO_KFD_ROOT"
+GEMM_CHUNK_MB = "ROCM_YOLO_GEMM_CHUNK_MB"
+
+# tests and benchmarks
+PLUGINS = "ROCM_YOLO_PLUGINS"
+FAULT = "ROCM_YOLO_FAULT"
+RECORD_BATCHES = "ROCM_YOLO_RECORD_BATCHES"
+
+# torch.distributed.run's, in each rank
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+WORLD_SIZE = "WORLD_SIZE"
+
+
+def cache_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """rocm-yolo's cache: ``$ROCM_YOLO_CACHE_DIR``, else ``$XDG_CACHE_HOME/rocm-yolo``, else ``~/.cache/rocm-yolo``."""
+    if env.get(CACHE_DIR):
+        return Path(env[CACHE_DIR]).expanduser()
+    return xdg_cache_home(env) / "rocm-yolo"
+
+
+def xdg_cache_home(env: Mapping[str, str] = os.environ) -> Path:
+    if env.get("XDG_CACHE_HOME"):
+        return Path(env["XDG_CACHE_HOME"])
+    home = env.get("HOME") or str(Path.home())
+    return Path(home) / ".cache"

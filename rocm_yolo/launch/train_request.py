@@ -1,0 +1,225 @@
+"""A train request as the user gave it: one record, whether it came from ``rocm-yolo train`` or ``rocm_yolo.train()``.
+
+Each option of the request is one field of :class:`TrainRequest`, listed once: its command-line
+flag, type and help live in the field's metadata (:func:`add_arguments` builds the parser's
+options from them, :meth:`TrainRequest.from_args` reads them back), and the Python API passes
+the same names as keywords (:meth:`TrainRequest.from_kwargs`). Anything that is not a field is
+an Ultralytics train argument or a loader setting (``KEY=VALUE``), kept in ``overrides``. The
+request is raw: :func:`rocm_yolo.launch.request.make_spec` validates it into a run's spec, as
+``torch.distributed.run`` goes ``config_from_args`` -> ``LaunchConfig`` -> ``elastic_launch``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
+from rocm_yolo.errors import UsageError
+from rocm_yolo.run.profiles import DEFAULT_PROFILE, PROFILES, parse_ladder
+from rocm_yolo.supervisor.config import DEFAULTS as WATCHDOG
+from rocm_yolo.supervisor.config import WatchdogConfig
+from rocm_yolo.ultralytics_rules import config as ucfg
+
+
+def _option(help: str, *, ultralytics: bool = False, group: str = "train", **argparse_kwargs) -> dict:
+    """A field's metadata: its help, whether Ultralytics also takes it as a train argument, its parser options."""
+    return {"help": help, "ultralytics": ultralytics, "group": group, "argparse": argparse_kwargs}
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """What the user asked ``rocm-yolo train`` (or ``rocm_yolo.train``) for, unvalidated."""
+
+    data: str | None = None  # DATA: a dataset YAML, a class-per-folder directory, or 'demo' (positional)
+    model: str | None = field(
+        default=None,
+        metadata=_option(
+            "model .pt or .yaml (default: Ultralytics' yolo26n.pt; yolo26n.yaml for demo)", ultralytics=True
+        ),
+    )
+    workers: Any = field(
+        default=None, metadata=_option("DataLoader workers (default: the profile's)", ultralytics=True, metavar="N")
+    )
+    profile: str | None = field(
+        default=None,
+        metadata=_option(
+            f"settings profile (default: {DEFAULT_PROFILE}; on resume: the run's)", choices=list(PROFILES)
+        ),
+    )
+    epochs: Any = field(default=None, metadata=_option("", ultralytics=True, type=int, metavar="N"))
+    imgsz: Any = field(default=None, metadata=_option("", ultralytics=True, type=int, metavar="N"))
+    batch: Any = field(
+        default=None, metadata=_option("batch size (-1 for AutoBatch)", ultralytics=True, type=float, metavar="N")
+    )
+    device: Any = field(
+        default=None,
+        metadata=_option(
+            "cpu, 0, 1, ..., or 0,1 for several GPUs (Ultralytics' DDP, one rank per GPU; batch divides by them) "
+            "(default: Ultralytics' choice)",
+            ultralytics=True,
+            metavar="D",
+        ),
+    )
+    project: str | None = field(
+        default=None,
+        metadata=_option("output directory (default: runs/TASK, e.g. runs/detect)", ultralytics=True, metavar="DIR"),
+    )
+    name: str | None = field(
+        default=None,
+        metadata=_option("run name (default: train, train-2, ...)", ultralytics=True, metavar="NAME"),
+    )
+    resume: Any = field(
+        default=None,
+        metadata=_option(
+            "continue a run from its last.pt (default: the newest under the project)",
+            nargs="?",
+            const=True,
+            metavar="LAST_PT",
+        ),
+    )
+    conv: str | None = field(
+        default=None,
+        metadata=_option(
+            "Conv2d strategy for GPUs whose MIOpen convolutions fail; miopen-off turns MIOpen off for the whole "
+            "process (default: auto: the fastest that passes a self-test)",
+            choices=CONV_STRATEGIES,
+        ),
+    )
+    checkpoint_every: Any = field(
+        default=None,
+        metadata=_option(
+            "write a mid-epoch checkpoint this often: 30s, 10m, 1h, 500ba (batches), or 0 for never "
+            "(default: 10m; on resume: the run's); a hang then costs at most that much work",
+            metavar="INTERVAL",
+        ),
+    )
+    watchdog: bool = field(
+        default=True,
+        metadata=_option(
+            "no stall detection and no automatic restarts", group="watchdog", flag="--no-watchdog", action="store_false"
+        ),
+    )
+    stall_timeout: Any = field(
+        default=None,
+        metadata=_option(
+            f"a hang is no progress for this long at least (default: {WATCHDOG.stall_timeout:g}; grows with slow "
+            "steps)",
+            group="watchdog",
+            type=float,
+            metavar="SECONDS",
+        ),
+    )
+    startup_grace: Any = field(
+        default=None,
+        metadata=_option(
+            f"allowance before the first training batch of each attempt (default: {WATCHDOG.startup_grace:g})",
+            group="watchdog",
+            type=float,
+            metavar="SECONDS",
+        ),
+    )
+    max_restarts: Any = field(
+        default=None,
+        metadata=_option(
+            f"restarts after a hang or crash (default: {WATCHDOG.max_restarts})",
+            group="watchdog",
+            type=int,
+            metavar="N",
+        ),
+    )
+    fallback: Any = field(
+        default=None,
+        metadata=_option(
+            f"profiles to step through on each restart (default: {','.join(WATCHDOG.ladder)})",
+            group="watchdog",
+            metavar="P1,P2,...",
+        ),
+    )
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # KEY=VALUE: Ultralytics train args, loader settings
+
+    @classmethod
+    def from_kwargs(cls, data: str | None = None, **kwargs: Any) -> "TrainRequest":
+        """``rocm_yolo.train(data, workers=4, lr0=0.01, ...)``: the fields by name, every other keyword an override."""
+        names = {f.name for f in fields(cls)} - {"data", "overrides"}
+        given = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+        return cls(data=data, overrides=dict(kwargs), **given)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, extra: list[str] = ()) -> "TrainRequest":
+        """The parsed command line: the fields, DATA, ``--resume`` and KEY=VALUE as the user meant them
+        (``--resume KEY=VALUE``, or only KEY=VALUE given)."""
+        overrides, data, resume = [*args.overrides, *extra], args.data, args.resume
+        if data is not None and "=" in data:  # only KEY=VALUE given (e.g. with --resume)
+            overrides.insert(0, data)
+            data = None
+        if isinstance(resume, str) and "=" in resume and not Path(resume).exists():  # --resume KEY=VALUE
+            overrides.insert(0, resume)
+            resume = True
+        given = {f.name: getattr(args, f.name) for f in fields(cls) if "argparse" in f.metadata}
+        request = cls(**given)
+        batch = request.batch
+        if isinstance(batch, float) and batch.is_integer():
+            batch = int(batch)  # --batch 8 is 8, as batch=8 reads
+        return replace(request, data=data, resume=resume, batch=batch, overrides=parse_key_values(overrides))
+
+    @property
+    def resuming(self) -> bool:
+        return self.resume is not None and self.resume is not False
+
+    def watchdog_config(self) -> WatchdogConfig:
+        """The watchdog this request asks for (:class:`WatchdogConfig`'s defaults where it says nothing)."""
+        given = {
+            k: getattr(self, k)
+            for k in ("stall_timeout", "startup_grace", "max_restarts")
+            if getattr(self, k) is not None
+        }
+        return WatchdogConfig(enabled=self.watchdog, ladder=_ladder(self.fallback), **given)
+
+
+ULTRALYTICS_FLAGS = tuple(f.name for f in fields(TrainRequest) if f.metadata.get("ultralytics"))
+
+
+def _ladder(fallback: object) -> tuple[str, ...]:
+    if fallback is None:
+        return WATCHDOG.ladder
+    if isinstance(fallback, str):
+        return parse_ladder(fallback)
+    if isinstance(fallback, (tuple, list)) and all(isinstance(x, str) for x in fallback):
+        return parse_ladder(",".join(fallback))
+    raise UsageError(f"fallback={fallback!r} must be profile names, e.g. 'fast,safe,threads,single'")
+
+
+def parse_key_values(items: list[str]) -> dict[str, Any]:
+    """``["epochs=3", "lr0=0.01"]`` -> ``{"epochs": 3, "lr0": 0.01}``, values as Ultralytics reads them."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"'{item}' is not KEY=VALUE: write e.g. lr0=0.01")
+        if key in out:
+            raise UsageError(f"'{key}' is given twice")
+        out[key] = ucfg.smart_value(value.strip())
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``rocm-yolo train``'s arguments, one per field of :class:`TrainRequest` (DATA and KEY=VALUE positional)."""
+    parser.add_argument(
+        "data",
+        nargs="?",
+        metavar="DATA",
+        help="dataset YAML (for a -cls model: a directory of class folders), or 'demo' for the built-in demo set",
+    )
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Ultralytics train arguments")
+    groups = {"train": parser, "watchdog": parser.add_argument_group("watchdog")}
+    for f in fields(TrainRequest):
+        if "argparse" not in f.metadata:
+            continue
+        options = dict(f.metadata["argparse"])
+        flag = options.pop("flag", "--" + f.name.replace("_", "-"))
+        helptext = f.metadata["help"] or None
+        groups[f.metadata["group"]].add_argument(flag, dest=f.name, help=helptext, default=f.default, **options)

@@ -1,0 +1,266 @@
+"""From a :class:`~rocm_yolo.launch.train_request.TrainRequest` to the first attempt's
+:class:`~rocm_yolo.run.spec.RunSpec`: validated, with no side effects.
+
+The CLI and the Python API both come through :func:`make_spec`, so they validate the same
+way. It reads (the data set, a resumed run's previous spec, Ultralytics' rules) but writes
+and claims nothing: taking the run directory is :mod:`.claim`'s step, once everything the
+user gave is known to be valid. Nothing here imports torch or Ultralytics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
+from rocm_yolo.errors import UsageError
+from rocm_yolo.launch.data_path import default_model, resolve_data
+from rocm_yolo.launch.demo import DEMO_DEFAULTS
+from rocm_yolo.launch.resume_target import find_resume, trained_on
+from rocm_yolo.launch.train_request import ULTRALYTICS_FLAGS, TrainRequest
+from rocm_yolo.run import devices
+from rocm_yolo.run.interval import DEFAULT_CHECKPOINT_INTERVAL, CheckpointInterval, parse_interval
+from rocm_yolo.run.paths import RunPaths
+from rocm_yolo.run.profiles import DEFAULT_PROFILE, LOADER_KEYS, resolve
+from rocm_yolo.run.spec import RunSpec, carry_over, latest_spec, next_attempt
+from rocm_yolo.ultralytics_rules import config as ucfg
+from rocm_yolo.ultralytics_rules.tasks import task_for_model
+
+NOT_KEYS = {"mode": "rocm-yolo always trains", "task": "the task follows the model", "resume": "use --resume [LAST_PT]"}
+
+
+def check_name(name: str) -> str:
+    """``--name`` names a directory inside ``--project``: no absolute path, no ``..``."""
+    parts = Path(name).parts
+    if not name or Path(name).is_absolute() or ".." in parts or name in (".", ""):
+        raise UsageError(
+            f"--name {name!r} must stay inside --project: give a plain name such as 'exp1' "
+            "(use --project to choose where runs go)"
+        )
+    return name
+
+
+def check_devices(device: object, batch: object, resumed: bool = False) -> None:
+    """Several GPUs (one DDP rank each): each named once, and a batch that divides by their number (a resume
+    that gives no batch keeps its run's, checked when it started)."""
+    why = devices.check_list(device)
+    if why is not None:
+        raise UsageError(why)
+    ids = devices.gpu_ids(device)
+    if len(set(ids)) != len(ids):
+        raise UsageError(f"--device {device}: a GPU is named twice; name each once, e.g. --device {ids[0]}")
+    given = batch is not None
+    why = None if resumed and not given else devices.check_batch(batch if given else ucfg.default("batch"), ids, given)
+    if why is not None:
+        raise UsageError(why)
+
+
+def _with_cfg_file(extra: dict, flags: dict, data: str | None) -> dict:
+    """``cfg=FILE`` read here, its keys checked as KEY=VALUE ones are (what is given explicitly wins, as in
+    Ultralytics): a resume or a run directory named in it goes through the same checks and claim as one
+    given on the command line. Keys at Ultralytics' defaults change nothing and are left out."""
+    import yaml
+
+    from rocm_yolo.ultralytics_rules.data.datasets import DataError, read_text
+
+    extra = dict(extra)
+    given = extra.pop("cfg")
+    if given is None:
+        return extra
+    try:
+        loaded = yaml.safe_load(read_text(Path(str(given)).expanduser()))
+    except (OSError, DataError, yaml.YAMLError) as e:
+        raise UsageError(f"cfg={given}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    if not isinstance(loaded, dict):
+        raise UsageError(f"cfg={given}: not a mapping of Ultralytics arguments (key: value lines)")
+    defaults = ucfg.load().defaults
+    for key, value in loaded.items():
+        if key == "cfg" or (key in defaults and defaults[key] == value):
+            continue
+        if key in NOT_KEYS:
+            raise UsageError(f"cfg={given}: '{key}: {value}' is not accepted here: {NOT_KEYS[key]}")
+        if (key in flags and flags[key] is not None) or (key == "data" and data is not None):
+            continue
+        extra.setdefault(key, value)
+    return extra
+
+
+@dataclass
+class Sorted:
+    """A request sorted out: the flags, Ultralytics arguments, loader settings, and which keys the user set."""
+
+    data: str | None
+    flags: dict  # ULTRALYTICS_FLAGS -> value or None
+    extra: dict  # every other Ultralytics train argument, type-checked
+    loader: dict  # loader KEY=VALUE overrides (run.profiles.LOADER_SETTINGS)
+    val: object | None
+    conv: str | None
+    interval: CheckpointInterval | None
+    profile: str | None
+    user_keys: set = field(default_factory=set)
+    notes: list = field(default_factory=list)  # lines for the run header
+
+    @classmethod
+    def of(cls, request: TrainRequest) -> "Sorted":
+        data, conv = request.data, request.conv
+        extra = dict(request.overrides or {})
+        flags = {key: getattr(request, key) for key in ULTRALYTICS_FLAGS}
+        if "cfg" in extra:
+            extra = _with_cfg_file(extra, flags, data)
+        interval = parse_interval(request.checkpoint_every) if request.checkpoint_every is not None else None
+        for key, why in NOT_KEYS.items():
+            if key in extra:
+                raise UsageError(f"'{key}=' is not accepted here: {why}")
+        for key in ULTRALYTICS_FLAGS:
+            if key in extra:
+                if flags[key] is not None:
+                    raise UsageError(f"'{key}' is given twice (as --{key} and {key}=): keep one")
+                flags[key] = extra.pop(key)
+        if "data" in extra:
+            if data is not None:
+                raise UsageError("'data' is given twice (as DATA and data=): keep one")
+            data = str(extra.pop("data"))
+        if conv is not None and conv not in CONV_STRATEGIES:
+            raise UsageError(f"--conv {conv}: choose one of {', '.join(CONV_STRATEGIES)}")
+        loader = {k: extra.pop(k) for k in list(extra) if k in LOADER_KEYS}
+        val = extra.pop("val", None)
+        for key in list(extra):
+            extra[key] = ucfg.check_train_arg(key, extra[key], extra_keys=LOADER_KEYS)
+        for key in ("epochs", "imgsz", "batch"):
+            if flags[key] is not None:
+                flags[key] = ucfg.check_train_arg(key, flags[key])
+        user_keys = {k for k, v in flags.items() if v is not None} | set(extra) | set(loader)
+        user_keys |= ({"val"} if val is not None else set()) | ({"conv"} if conv is not None else set())
+        return cls(data, flags, extra, loader, val, conv, interval, request.profile, user_keys)
+
+    def model_name(self, resuming: bool) -> str:
+        name = str(self.flags["model"] or ("" if resuming else default_model(self.data)))
+        if self.flags["model"] and not Path(name).suffix:
+            raise UsageError(f"--model {name}: give a .pt checkpoint or a .yaml model definition (e.g. yolo26n.yaml)")
+        return name
+
+    def carry(self, run_dir: Path) -> RunSpec | None:
+        """Take over what the user set for the run in ``run_dir`` and does not give again (:func:`carry_over`);
+        the run's newest spec."""
+        previous = latest_spec(run_dir)
+        if previous is None:
+            written = RunPaths(run_dir).specs()
+            if written:  # e.g. by another rocm-yolo version: say so rather than drop the run's settings silently
+                self.notes.append(
+                    f"the run's settings in {written[-1].name} cannot be read (written by another rocm-yolo "
+                    "version?): the resume takes the defaults and what you give now"
+                )
+            return None
+        if self.profile is None:
+            self.profile = previous.profile
+        elif self.profile != previous.profile:
+            self.notes.append(f"resume changes the profile: {previous.profile} -> {self.profile}")
+        carried = carry_over(previous, self.profile)
+        if self.flags["workers"] is None:
+            self.flags["workers"] = carried.workers
+        self.loader = {**carried.loader, **self.loader}
+        self.val = carried.val if self.val is None else self.val
+        self.conv = carried.conv if self.conv is None else self.conv
+        self.interval = self.interval or parse_interval(carried.checkpoint_every)
+        self.user_keys |= set(carried.user_keys) & (LOADER_KEYS | {"val", "conv"})
+        self.notes += [carried.note(self.profile)] if carried.dropped else []
+        return previous
+
+
+def make_spec(request: TrainRequest) -> RunSpec:
+    """Validate everything the user gave and return the spec of the first attempt, unclaimed.
+
+    For a new run ``run_dir`` is the directory asked for (``project/name``, Ultralytics'
+    ``runs/TASK/NAME`` by default), which :func:`rocm_yolo.launch.claim.claim` takes or numbers
+    on; for a resume it is the run's own directory and ``resume`` the checkpoint named (or the
+    run's ``last.pt``), from which ``claim`` chooses the newest valid one.
+    """
+    req = Sorted.of(request)
+    model_name = req.model_name(request.resuming)
+    task = task_for_model(model_name) if model_name else None
+    # Ultralytics' layout runs/TASK/NAME; a bare --resume looks through every task's runs
+    project_dir = Path(req.flags["project"] or (Path("runs") / task if task else Path("runs"))).expanduser().resolve()
+    run_name = check_name(str(req.flags["name"] or "train"))
+    if request.resuming:
+        return _resumed_run(req, request.resume, project_dir)
+    return _new_run(req, model_name, task, project_dir / run_name)
+
+
+def _finish(
+    req: Sorted,
+    *,
+    data_path: str,
+    model: str,
+    run_dir: Path,
+    train_args: dict,
+    resume: str | None = None,
+    attempt: int = 1,
+) -> RunSpec:
+    """The spec: the profile resolved with the request's workers and loader settings, the flags as train args."""
+    resolved = resolve(req.profile or DEFAULT_PROFILE, req.flags["workers"], req.loader, val=req.val)
+    for key in ("epochs", "imgsz", "batch", "device"):
+        if req.flags[key] is not None:
+            train_args[key] = req.flags[key]
+    train_args.update(req.extra)
+    check_devices(train_args.get("device"), train_args.get("batch"), resumed=resume is not None)
+    return RunSpec(
+        data=data_path,
+        model=model,
+        run_dir=str(run_dir),
+        profile=resolved.profile.name,
+        loader=resolved.loader,
+        val=resolved.val,
+        train_args=train_args,
+        user_keys=tuple(sorted(req.user_keys)),
+        env=resolved.env,
+        resume=resume,
+        conv=req.conv or "auto",
+        checkpoint_every=(req.interval or parse_interval(DEFAULT_CHECKPOINT_INTERVAL)).text,
+        attempt=attempt,
+        workers_requested=resolved.requested_workers,
+        notes=tuple(list(resolved.warnings) + req.notes),
+    )
+
+
+def _new_run(req: Sorted, model: str, task: str, run_dir: Path) -> RunSpec:
+    if not req.data:
+        raise UsageError(
+            "DATA is required: a dataset YAML (a directory of class folders for a classification model), "
+            "or 'demo' for the built-in demo set (or --resume LAST_PT)"
+        )
+    data_path, data_notes = resolve_data(req.data, task)
+    req.notes += data_notes
+    if req.data == "demo":
+        for key, value in DEMO_DEFAULTS.items():
+            if req.flags.get(key) is None and key not in req.extra:
+                req.extra[key] = value
+    return _finish(req, data_path=data_path, model=model, run_dir=run_dir, train_args={"data": data_path})
+
+
+def _resumed_run(req: Sorted, resume: str | bool, project_dir: Path) -> RunSpec:
+    last = find_resume(resume, project_dir)
+    run_dir = last.parent.parent
+    previous = req.carry(run_dir)
+    if req.data:
+        # the task from the checkpoint; before the first one, from the model the run was started with
+        model_for_task = last if last.exists() or previous is None else previous.model
+        data_path, data_notes = resolve_data(req.data, task_for_model(model_for_task))
+        req.notes = data_notes + req.notes
+        req.user_keys.add("data")
+        train_args = {"data": data_path}  # a moved data set: say where it is now
+    else:
+        data_path, train_args = (previous.data if previous else ""), {}
+    if req.flags["device"] is None and "device" not in req.extra:
+        # the one Ultralytics resumes on (from the checkpoint): the header and the presets follow it
+        device = (previous.train_args.get("device") if previous else None) or trained_on(last)
+        if device is not None:
+            train_args["device"] = device
+    return _finish(
+        req,
+        data_path=data_path,
+        model=str(last),
+        run_dir=run_dir,
+        train_args=train_args,
+        resume=str(last),
+        attempt=next_attempt(run_dir),
+    )

@@ -1,0 +1,80 @@
+"""How a process the supervisor starts lives and dies: the part of the process model both sides share.
+
+- the trainer, the fork server and every DataLoader worker die with their parent, even when
+  it is SIGKILLed (:func:`die_with_parent`, Linux ``PR_SET_PDEATHSIG``), so no orphan keeps
+  the GPU;
+- each of them registers faulthandler on :data:`DUMP_SIGNAL`, which the watchdog sends to
+  dump their Python stacks;
+- :data:`rocm_yolo.environment.SUPERVISOR_PID` names the supervisor to its descendants (py-spy may attach to them).
+
+Torch-free and light (ctypes, psutil): the fork server's preload and every worker import it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+import psutil
+
+from rocm_yolo import environment
+
+DUMP_SIGNAL = signal.SIGUSR1  # faulthandler is registered on it in the trainer and every worker
+PR_SET_PDEATHSIG = 1
+PR_SET_PTRACER = 0x59616D61  # Yama: let the supervisor's py-spy (its child) attach to the trainer
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+    except OSError:
+        return None
+
+
+LIBC = _libc()  # loaded once here: a preexec_fn must not load libraries after fork
+
+
+def signal_name(signum: int) -> str:
+    """``SIGKILL`` for 9; ``signal 40`` for a real-time or unknown number (never raises)."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def pdeathsig_kill() -> None:
+    """preexec_fn: the new process is SIGKILLed when the thread that started it dies."""
+    if LIBC is not None:
+        LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def die_with_parent(parent_pid: int = 0) -> None:
+    """In a child: be killed when the parent dies, even by SIGKILL (Linux ``PR_SET_PDEATHSIG``).
+
+    The signal is SIGKILL, delivered by the kernel: a process stuck in native code (a GPU
+    runtime deadlock) never runs a Python handler. ``parent_pid`` (if given) may also attach
+    py-spy to this process under Yama's ptrace restrictions.
+    """
+    if LIBC is None:
+        return
+    try:
+        LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        tracer = int(os.environ.get(environment.SUPERVISOR_PID, "0") or 0) or parent_pid
+        if tracer:  # fails harmlessly without Yama; faulthandler needs no ptrace anyway
+            LIBC.prctl(PR_SET_PTRACER, tracer, 0, 0, 0)
+    except (OSError, AttributeError, ValueError):
+        return
+    if parent_pid and os.getppid() != parent_pid:  # the parent died before the call above
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def alive(pid: int | None) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not; nor is ``None`` or 0)."""
+    if not pid:
+        return False
+    try:
+        return psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, ValueError, TypeError):
+        return False

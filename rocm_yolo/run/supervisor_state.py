@@ -1,0 +1,187 @@
+"""``supervisor.json``: the state of a run as its supervisor last wrote it, one typed record.
+
+The supervisor writes a :class:`SupervisorState` (atomically) at every change of attempt,
+state or recovery; ``rocm-yolo status`` and a resumed run's supervisor read it back. A reader
+gets ``None`` for a file that is missing, unreadable or badly typed, never an exception.
+:class:`State` is the vocabulary of a run's states (its transitions: :mod:`rocm_yolo.supervisor.states`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from enum import Enum
+from typing import Any
+
+from rocm_yolo.run.atomic import write_atomic
+from rocm_yolo.run.paths import RunPaths
+
+
+class State(str, Enum):
+    # an attempt
+    STARTING = "starting"  # child started, no training batch yet
+    HEALTHY = "healthy"  # heartbeat progressing
+    SUCCEEDED = "succeeded"  # exit 0
+    STALLED = "stalled"  # no progress for the stall timeout
+    CRASHED = "crashed"  # exited with an error during training
+    ALREADY_FINISHED = "already_finished"  # the checkpoint's run has trained all its epochs
+    # the run (and an attempt that ends it)
+    RUNNING = "running"
+    FINISHED = "finished"  # every epoch trained
+    FAILED = "failed"  # no restarts left
+    USAGE_ERROR = "usage_error"  # bad data or arguments
+    SETUP_FAILED = "setup_failed"  # the environment: a restart would meet it again
+    INTERNAL_ERROR = "internal_error"  # a rocm-yolo bug
+    INTERRUPTED = "interrupted"  # SIGINT, SIGTERM or SIGHUP to the supervisor
+
+
+def _typed(cls, data: Any):
+    """``cls(**data)`` when every field of ``data`` has its declared type (ints for floats too), else None."""
+    if not isinstance(data, dict):
+        return None
+    values = {}
+    for f in fields(cls):
+        if f.name not in data:
+            if f.default is not MISSING or f.default_factory is not MISSING:  # optional
+                continue
+            return None
+        value = data[f.name]
+        kinds = _KINDS.get(f.type, (object,))
+        if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+            return None
+        values[f.name] = value
+    return cls(**values)
+
+
+_KINDS = {
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "bool": (bool,),
+    "int | None": (int, type(None)),
+    "float | None": (int, float, type(None)),
+    "str | None": (str, type(None)),
+    "list | None": (list, type(None)),
+}
+
+
+@dataclass
+class Hang:
+    """A hang the watchdog found: where the run was last heard, for how long, and where its stacks went."""
+
+    epoch: int | None
+    batch: int | None
+    phase: str | None
+    stalled_seconds: float
+    stacks: str | None
+    detected: float  # wall clock
+
+
+@dataclass
+class Recovery:
+    """One restart: where the failed attempt was, where the next one resumed, and what that cost."""
+
+    attempt: int  # the attempt that resumed
+    cause: str  # hang | crash
+    lost_at: list | None  # [epoch, batches done in it] when the failed attempt was last heard (1-based epoch)
+    resumed_at: list | None  # where the new attempt resumed
+    batches: int  # batches per epoch
+    checkpoint: str | None  # the checkpoint it resumed from
+    retrained_batches: int | None  # batches trained again (None: not comparable)
+    detect_seconds: float
+    restart_seconds: float
+    retrain_seconds: float
+
+
+@dataclass(frozen=True)
+class WatchdogSettings:
+    """The watchdog settings a run's supervisor ran with (``status`` judges a stall as it would)."""
+
+    enabled: bool
+    stall_timeout: float
+    step_multiplier: float
+    startup_grace: float
+
+
+@dataclass
+class SupervisorState:
+    state: State
+    supervisor_pid: int
+    child_pid: int | None
+    attempt: int
+    profile: str
+    restarts: int
+    max_restarts: int
+    lost_seconds: float  # to hangs: detection, restart and batches trained again
+    started: float  # wall clock
+    updated: float
+    hangs: list = field(default_factory=list)  # [Hang]
+    recoveries: list = field(default_factory=list)  # [Recovery]
+    watchdog: WatchdogSettings | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.state == State.RUNNING
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["state"] = self.state.value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "SupervisorState | None":
+        """The record of ``data``, or None if a field is missing or badly typed."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            state = State(data.get("state"))
+        except ValueError:
+            return None
+        hangs = [_typed(Hang, h) for h in data.get("hangs") or []] if isinstance(data.get("hangs"), list) else None
+        recoveries = data.get("recoveries") or []
+        recoveries = [_typed(Recovery, r) for r in recoveries] if isinstance(recoveries, list) else None
+        watchdog = _typed(WatchdogSettings, data["watchdog"]) if isinstance(data.get("watchdog"), dict) else None
+        if hangs is None or recoveries is None:
+            return None
+        scalars = {f.name: data.get(f.name) for f in fields(cls) if f.name not in ("state", "hangs", "recoveries")}
+        scalars.pop("watchdog")
+        record = _typed(_Scalars, scalars)
+        if record is None:
+            return None
+        return cls(
+            state=state,
+            hangs=[h for h in hangs if h is not None],  # a damaged entry costs only itself
+            recoveries=[r for r in recoveries if r is not None],
+            watchdog=watchdog,
+            **asdict(record),
+        )
+
+
+@dataclass
+class _Scalars:  # the plain fields of SupervisorState, as from_dict checks them
+    supervisor_pid: int
+    child_pid: int | None
+    attempt: int
+    profile: str
+    restarts: int
+    max_restarts: int
+    lost_seconds: float
+    started: float
+    updated: float
+
+
+def write_state(run_dir: str | os.PathLike, state: SupervisorState) -> None:
+    """Write ``state`` as the run's; OSError when the disk refuses (the caller decides)."""
+    paths = RunPaths(run_dir)
+    paths.state.mkdir(parents=True, exist_ok=True)
+    write_atomic(paths.supervisor, json.dumps(state.to_dict()))
+
+
+def read_state(run_dir: str | os.PathLike) -> SupervisorState | None:
+    """``supervisor.json`` of ``run_dir``, or None if missing, unreadable or badly typed."""
+    try:
+        data = json.loads(RunPaths(run_dir).supervisor.read_text())
+    except (OSError, ValueError):
+        return None
+    return SupervisorState.from_dict(data)

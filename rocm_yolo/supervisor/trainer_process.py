@@ -1,0 +1,119 @@
+"""The real training child: ``python -m rocm_yolo.trainer SPEC.json`` in its own session, and its heartbeat pipe.
+
+This is the mechanism behind :class:`rocm_yolo.supervisor.loop.Supervisor`'s policy; tests drive
+the loop with scripted children that have the same five methods.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from rocm_yolo import environment
+from rocm_yolo.process import tree
+from rocm_yolo.run import heartbeat
+from rocm_yolo.run.devices import world_size
+from rocm_yolo.run.heartbeat import Heartbeat
+from rocm_yolo.run.spec import RunSpec
+from rocm_yolo.supervisor.config import WatchdogConfig
+
+TRAINER_MODULE = "rocm_yolo.trainer"
+
+
+class PipeReader:
+    """The supervisor's end of the heartbeat pipe: the complete records written since the last read, without blocking.
+
+    Every record counts, not only the newest: the first batch after a resume, say, tells where
+    the attempt started, and a short rest of an epoch can be trained between two reads.
+    """
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        os.set_blocking(fd, False)
+        self.pending = b""
+        self.last: Heartbeat | None = None  # the newest record: what a position line moves on
+
+    def read(self) -> list[Heartbeat]:
+        while self.fd >= 0:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:  # the child closed its end (exited)
+                self.close()
+                break
+            self.pending += chunk
+        *lines, self.pending = self.pending.split(b"\n")
+        beats = []
+        for line in lines:
+            text = line.decode("utf-8", "replace")
+            if text.startswith("P "):  # a batch finished between two records: rank 0's last record, moved on
+                hb = heartbeat.apply_position(self.last, text) if self.last is not None else None
+            else:
+                hb = heartbeat.parse(text)
+            if hb is not None:
+                beats.append(hb)
+                if hb.rank == 0:  # only rank 0 sends position lines (the other ranks of a multi-GPU run do not)
+                    self.last = hb
+        return beats
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class ChildProcess:
+    """The training child in its own session.
+
+    It dies with the supervisor (``PR_SET_PDEATHSIG``) and sends its heartbeat down a pipe,
+    so a disk too full for the heartbeat file is not taken for a hang.
+    """
+
+    def __init__(self, spec: RunSpec, config: WatchdogConfig):
+        self.spec = spec
+        self.config = config
+        spec_path = spec.save()  # OSError (disk full, read-only): the caller stops the run
+        env = dict(os.environ)
+        env[environment.SUPERVISOR_PID] = str(os.getpid())
+        read_end, write_end = os.pipe()
+        env[environment.HEARTBEAT_FD] = str(write_end)
+        try:
+            self.proc = tree.start(
+                [sys.executable, "-m", TRAINER_MODULE, str(spec_path)], env=env, pass_fds=(write_end,)
+            )
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        self.pid = self.proc.pid
+        self.beats = PipeReader(read_end)
+        # on several GPUs the child launches the ranks, and they send the beats (their pids are theirs)
+        self.multi_gpu = world_size(spec.train_args) > 1
+        self.ranks: dict[int, Heartbeat] = {}  # each rank's newest record
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def heartbeats(self) -> list[Heartbeat]:
+        """This child's heartbeats (on several GPUs, its ranks') since the last call, oldest first."""
+        beats = [hb for hb in self.beats.read() if self.multi_gpu or hb.pid == self.pid]
+        for hb in beats:
+            self.ranks[hb.rank] = hb
+        return beats
+
+    def dump_stacks(self, out: Path) -> Path:
+        return tree.dump_stacks(self.pid, self.spec.paths.stacks, out)
+
+    def kill(self) -> list[int]:
+        left = tree.kill(self.pid, self.config.term_timeout, self.config.kill_timeout)
+        try:
+            self.proc.wait(timeout=1)
+        except Exception:
+            pass
+        self.beats.close()
+        return left

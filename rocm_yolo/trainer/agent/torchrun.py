@@ -1,0 +1,60 @@
+"""``python -m rocm_yolo.trainer.agent.torchrun LOG ARGS...``: ``torch.distributed.run ARGS...``, reporting into LOG.
+
+The launcher (:mod:`.launcher`) starts the ranks with torch's launcher, as Ultralytics does.
+That launcher also talks: a banner when it sets ``OMP_NUM_THREADS``, a warning for every rank
+it stops, and, when a rank fails, a Python traceback with a table of the failures. The
+launcher of rocm-yolo says what happened in one line of its own, and the ranks say why. So
+torch's launcher logs into the run's ``torchrun.log`` instead of the terminal, and its
+``ChildFailedError`` becomes exit code 1 (its own exit code on that error), and a stop
+(``SignalException``) 128 + the signal. Everything else
+is ``torch.distributed.run.main`` unchanged. The ranks' own output still reaches the terminal.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from rocm_yolo import environment, errors
+from rocm_yolo.run.events import PREFIX
+
+
+def main(argv: list[str]) -> int:
+    log_path, args = argv[0], argv[1:]
+    os.environ[environment.TORCHRUN_PID] = str(os.getpid())  # the ranks inherit it: each dies with this process
+    try:
+        from torch.distributed import run
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    except Exception as e:  # a broken torch: no rank can start, and a restart would not help
+        print(f"{PREFIX} environment error: torch.distributed.run cannot start: {errors.one_line(e)}", file=sys.stderr)
+        return errors.SETUP
+
+    handler = logging.FileHandler(log_path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    reports = logging.getLogger("torch.distributed")  # run.py's and the elastic agent's loggers are below it
+    for name, logger in list(logging.root.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger) and name.startswith("torch.distributed."):
+            logger.handlers.clear()  # torch's own terminal handlers (torch._logging)
+            logger.propagate = True
+    reports.handlers[:] = [handler]
+    reports.propagate = False
+    sys.argv = ["torch.distributed.run", *args]
+    try:
+        run.main(args)
+    except ChildFailedError as e:
+        reports.error("%s", e.format_msg())
+        return 1
+    except SignalException as e:  # stopped by the launcher (SIGTERM): the ranks were stopped first
+        reports.warning("stopped: %s", e)
+        return 128 + int(e.sigval)
+    except Exception as e:  # the rendezvous failed (the port was taken meanwhile), ...: a crash, restarted
+        reports.exception("torch.distributed.run failed")
+        print(f"{PREFIX} torch.distributed.run failed: {errors.one_line(e)} (more in {log_path})", file=sys.stderr)
+        return errors.FAILED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

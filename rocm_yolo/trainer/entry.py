@@ -1,0 +1,119 @@
+"""The training child's entry: ``python -m rocm_yolo.trainer SPEC.json``.
+
+Started fresh by the supervisor (never forked from a process that imported torch), it
+orders the steps that make DataLoader workers safe:
+
+1. ``multiprocessing.set_start_method("spawn", force=True)``, before torch is imported;
+2. the environment: the profile's variables and the GPU architecture's presets;
+3. torch, Ultralytics and the patches (DataLoader, Conv2d), each import checked;
+4. ``YOLO(model).train(**args)`` with rocm-yolo's callbacks (heartbeat, hooks).
+
+Whatever goes wrong becomes one line on the terminal and an exit code the supervisor acts
+on (see :mod:`rocm_yolo.errors`): a user error (2), a run that already finished (3), a
+broken environment (4, with ``RUN/setup-K.txt``), a rocm-yolo bug (123, with
+``RUN/internal-K.txt``), or a training crash (1, with ``RUN/crash-K.txt``: restarted).
+
+It imports nothing heavy at the top: torch comes in step 3.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+
+from rocm_yolo import environment, errors
+from rocm_yolo.run.spec import RunSpec
+
+_stopping = False
+
+
+def _on_sigterm(signum, frame):
+    # Runs between bytecodes: a checkpoint write in progress (one C call) completes first.
+    # The supervisor is stopping us on purpose: what torch says about its workers dying
+    # from the same signal is noise, so the terminal hears nothing more from this process.
+    global _stopping
+    if not _stopping:
+        _stopping = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)
+        except OSError:
+            pass
+        raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    import multiprocessing
+
+    multiprocessing.set_start_method("spawn", force=True)  # 1. before torch is imported
+    torch_was_imported = "torch" in sys.modules
+
+    try:
+        spec = RunSpec.load(argv[0])
+    except Exception as e:  # the supervisor wrote it: anything wrong with it is a rocm-yolo bug
+        return errors.report_internal(e)
+    from rocm_yolo.process.lifecycle import DUMP_SIGNAL, die_with_parent
+    from rocm_yolo.run import devices
+    from rocm_yolo.run.events import RunLog
+
+    paths = spec.paths
+    rank = devices.rank()  # a rank of a multi-GPU run, started by torch.distributed.run
+    log = RunLog(paths.log, paths.events, rank=rank)
+    log.event("start_method", method=multiprocessing.get_start_method(), torch_imported=torch_was_imported)
+    # no orphan if killed -9: the launcher and a one-GPU child die with the supervisor, a rank with its launcher
+    die_with_parent(_parent(rank))
+    try:
+        paths.stacks.mkdir(parents=True, exist_ok=True)
+        stack_file = open(paths.trainer_stacks(os.getpid()), "a")  # open for the life of the process
+        faulthandler.register(DUMP_SIGNAL, file=stack_file, all_threads=True, chain=False)
+    except OSError as e:
+        return _setup_failure(spec, log, e)
+    if rank is None and devices.world_size(spec.train_args) > 1:
+        return _launch(spec, argv[0], log)  # one rank per GPU; this process imports no torch
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    if rank is None:
+        return _train(spec, log)
+    from rocm_yolo.trainer.agent import ranks
+
+    with ranks.reporting(rank) as report:
+        return report(_train(spec, log))
+
+
+def _parent(rank: int | None) -> int:
+    """The process this one dies with: torch.distributed.run for a rank, else the supervisor."""
+    if rank is not None:
+        return int(os.environ.get(environment.TORCHRUN_PID) or os.getppid())
+    return int(os.environ.get(environment.SUPERVISOR_PID, "0") or 0)
+
+
+def _launch(spec: RunSpec, spec_path: str, log) -> int:
+    from rocm_yolo.trainer.agent import launcher
+
+    try:
+        return launcher.launch(spec, spec_path, log)
+    except KeyboardInterrupt:
+        return errors.INTERRUPTED
+    except BaseException as e:  # the launch itself failed (no FIFO, no process): the environment, or a bug
+        return _setup_failure(spec, log, e)
+
+
+def _train(spec: RunSpec, log) -> int:
+    from rocm_yolo.trainer import training
+
+    try:
+        return training.setup_and_train(spec, log)  # 2.-4.
+    except KeyboardInterrupt:
+        return errors.INTERRUPTED
+    except SystemExit:
+        raise
+    except BaseException as e:  # before training (training handles its own errors after that)
+        return _setup_failure(spec, log, e)
+
+
+def _setup_failure(spec: RunSpec, log, error: BaseException) -> int:
+    from rocm_yolo.trainer import failures
+
+    return failures.report_setup_failure(spec, log, error)

@@ -1,0 +1,68 @@
+"""DataLoader workers that start together: a fork server with torch and Ultralytics preloaded.
+
+With ``spawn`` every worker is a new interpreter that imports torch and Ultralytics before
+it can read the pickled dataset its parent writes into a 64 KiB pipe, so the parent blocks
+worker by worker: 8 workers took 45 s to the first batch on a 16-core GPU machine. A fork
+server fixes that without giving up what spawn is for:
+
+- the server is a *fresh* interpreter (started by exec, like spawn), started by the trainer
+  before it imports torch, that imports torch and Ultralytics' data modules once and then
+  only forks. It never touches the GPU and runs no threads of its own, so a worker forked
+  from it inherits no GPU runtime state and no lock held by a busy thread of the trainer
+  (the pin-memory thread, a decoding thread): the two things ``fork`` from the trainer gets
+  wrong. CPython 3.14 made forkserver its Linux default for the same reason.
+- a worker is a fork of that server: it starts in milliseconds, already has torch and
+  Ultralytics imported, and reads its dataset at once, so workers start together.
+
+The server records what it is in ``RUN/rocm_yolo/forkserver.json`` (threads, GPU device
+files open) and dies with the trainer (``PR_SET_PDEATHSIG``); each worker dies with the
+server and kills itself if the trainer is already gone (see patches/dataloader.WorkerInit).
+This module does not import torch: it runs before the trainer imports it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.forkserver
+import os
+
+from rocm_yolo import environment
+from rocm_yolo.run.paths import RunPaths
+
+PRELOAD = "rocm_yolo.trainer.loaders.preload"  # the module the server imports (torch, Ultralytics' data modules)
+SINGLE_THREADED = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # unless the user set them
+
+
+def start(run_dir: str | os.PathLike) -> None:
+    """Start the preloaded fork server now, so its imports overlap the trainer's set-up.
+
+    Returns at once: the server imports in the background, and the first worker request
+    waits for it. Call after the environment is final (the server and every worker inherit
+    it) and before the first DataLoader with workers is iterated.
+    """
+    os.environ[environment.TRAINER_PID] = str(os.getpid())  # the server dies with it
+    os.environ[environment.RUN_DIR] = str(run_dir)  # where the server records itself
+    multiprocessing.get_context("forkserver").set_forkserver_preload([PRELOAD])
+    # The server and its workers need no math thread pools (torch sets one thread per worker
+    # anyway): the server then forks with no idle pool thread beside its main thread.
+    saved = {key: os.environ.get(key) for key in SINGLE_THREADED}
+    for key in SINGLE_THREADED:
+        os.environ.setdefault(key, "1")
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def server_pid() -> int | None:
+    """The fork server of this process, if one was started."""
+    return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+
+
+def record_path(run_dir: str | os.PathLike, rank: int | None = None):
+    """Where the server records itself: ``forkserver.json``, or ``forkserver-rankN.json`` for a rank above 0."""
+    return RunPaths(run_dir).state / ("forkserver.json" if not rank else f"forkserver-rank{rank}.json")

@@ -1,0 +1,96 @@
+"""Imported by the fork server (see :mod:`.forkserver`) once, before it forks any worker.
+
+It ties the server's life to the trainer's, imports what a DataLoader worker needs to
+unpickle an Ultralytics dataset and run it, and records the server's state: how many
+threads it has and whether it holds any GPU device file (it must hold none).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from rocm_yolo import environment
+from rocm_yolo.process.lifecycle import die_with_parent
+from rocm_yolo.run.devices import rank
+from rocm_yolo.trainer.loaders.forkserver import record_path
+
+_GPU_DEVICES = ("/dev/kfd", "/dev/dri/", "/dev/nvidia")
+
+
+def _threads() -> list[str]:
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            continue
+    return names
+
+
+def _gpu_files() -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(_GPU_DEVICES):
+            found.append(target)
+    return found
+
+
+def _import_worker_modules() -> tuple[str | None, str | None]:
+    """Import torch, Ultralytics' data modules and the worker side of the DataLoader patch.
+
+    Returns (Ultralytics' version, None), or (None, the error in one line): a broken torch is
+    reported by the trainer's own checked import, as a setup error; multiprocessing's server
+    would print a traceback for anything but an ImportError. Without the preload the server
+    still forks, as a plain fork server.
+    """
+    try:
+        import torch  # noqa: F401
+        import torch.utils.data  # noqa: F401
+        import ultralytics
+        import ultralytics.data.augment  # noqa: F401
+        import ultralytics.data.build  # noqa: F401
+        import ultralytics.data.dataset  # noqa: F401
+
+        import rocm_yolo.patches.dataloader  # noqa: F401 - WorkerInit, every worker's worker_init_fn
+    except Exception as e:  # noqa: BLE001
+        return None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+    return ultralytics.__version__, None
+
+
+def _preload() -> None:
+    trainer = int(os.environ.get(environment.TRAINER_PID, "0") or 0)
+    die_with_parent(trainer)  # the server dies with the trainer, even if it is SIGKILLed
+    began = time.monotonic()
+    version, error = _import_worker_modules()
+
+    import threading
+
+    run_dir = os.environ.get(environment.RUN_DIR)
+    if run_dir:
+        record = {
+            "pid": os.getpid(),
+            "trainer": trainer,
+            "import_seconds": round(time.monotonic() - began, 2),
+            "ultralytics": version,  # what the workers run (the lower-bound tests check it)
+            "python_threads": threading.active_count(),
+            "native_threads": _threads(),
+            "gpu_files": _gpu_files(),
+            "time": time.time(),
+            "preload_error": error,
+        }
+        try:
+            path = record_path(run_dir, rank())  # each rank of a multi-GPU run has its own server
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(record))
+        except OSError:
+            pass
+
+
+_preload()

@@ -1,0 +1,108 @@
+"""The training child's steps 2-4: set up, then ``YOLO(model).train(**args)`` with rocm-yolo's callbacks."""
+
+from __future__ import annotations
+
+import time
+
+from rocm_yolo.errors import CHILD_FINISHED, OK
+from rocm_yolo.run import devices, hooks
+from rocm_yolo.run.events import RunLog
+from rocm_yolo.run.interval import parse_interval
+from rocm_yolo.run.midepoch import MID_EPOCH_KEY
+from rocm_yolo.run.spec import RunSpec
+from rocm_yolo.trainer import failures, train_args
+from rocm_yolo.trainer.setup import Environment, header_lines, setup
+
+
+def setup_and_train(spec: RunSpec, log: RunLog) -> int:
+    """Set up (raising for errors before training: the caller reports them), then train."""
+    env = setup(spec, log)  # 2.-3.
+    return train(spec, env, log)  # 4.
+
+
+def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
+    """rocm-yolo's callback owners in the order they run, and the run hooks among them."""
+    from rocm_yolo.trainer.callbacks.heartbeat_writer import HeartbeatWriter
+    from rocm_yolo.trainer.callbacks.run_hooks import RunHooks
+    from rocm_yolo.trainer.checkpointing.restore import MidEpochResume
+    from rocm_yolo.trainer.checkpointing.sample_order import TrainOrder
+    from rocm_yolo.trainer.checkpointing.save import MidEpochSave
+    from rocm_yolo.ultralytics_rules import compat
+
+    paths = spec.paths
+    rank = devices.rank() or 0  # a multi-GPU run's rank; rank 0 (and a one-GPU run) writes the run's files
+    heartbeat = HeartbeatWriter(
+        paths.heartbeat_of(rank),
+        attempt=spec.attempt,
+        on_error=lambda message: log.event("heartbeat_error", message),
+        rank=rank,
+    )
+    run_hooks = RunHooks(spec, log, arg_presets=env.args)
+    testing = hooks.trainer_callbacks(paths, spec.attempt)  # [] unless a test asked for faults or a recording
+    order = TrainOrder(log)
+    requested = {k: spec.train_args[k] for k in ("batch", "imgsz") if k in spec.train_args}
+    save = MidEpochSave(
+        paths,
+        log,
+        parse_interval(spec.checkpoint_every),
+        order,
+        saved_epoch=lambda: run_hooks.verified_epoch,
+        requested=requested,
+    )
+    listeners = [heartbeat.resumed_at, save.resumed_at] + [t.resumed_at for t in testing if hasattr(t, "resumed_at")]
+    mid_resume = MidEpochResume(
+        log, order, on_resumed=tuple(listeners), supported=lambda: not compat.missing_for(compat.MID_EPOCH_FEATURE)
+    )
+    # the mid-epoch ones last: a resumed epoch moves the others' batch counters after they reset them
+    writers = [save] if rank == 0 else []  # the other ranks resume from rank 0's checkpoints, and write none
+    return [run_hooks, heartbeat, *testing, *writers, mid_resume], run_hooks
+
+
+def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
+    from rocm_yolo.trainer.callbacks.registry import register
+    from rocm_yolo.trainer.checkpointing.restore import checked_resume
+    from rocm_yolo.trainer.checkpointing.save import clean_temporaries
+
+    started = time.time()
+    owners, run_hooks = callback_owners(spec, env, log)  # the heartbeat says "setup" from here on
+    rank = devices.rank()
+    if not rank:  # the run's header: one per run, not one per rank
+        for line in header_lines(spec, env):
+            log.info(line)
+
+    from ultralytics import YOLO
+
+    if not rank:
+        clean_temporaries(spec.paths)  # half-written files of a checkpoint write that was killed
+    model = None
+    try:
+        model = YOLO(spec.resume or spec.model)
+        if spec.resume:
+            spec, model = checked_resume(spec, model, log, YOLO)
+        args = train_args.train_args(spec, env.args, log, model.ckpt)
+        if model.ckpt:
+            model.ckpt.pop(MID_EPOCH_KEY, None)  # the trainer loads its own copy; do not hold this one all run
+        register(model, owners)
+        if rank:
+            from rocm_yolo.trainer.agent.ranks import trainer_class
+
+            args["trainer"] = trainer_class(model)
+        model.train(**args)
+    except train_args.RunFinished as e:
+        failures.say_user_error(log, str(e))
+        return CHILD_FINISHED
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:
+        if not run_hooks.training_started:
+            raise  # the child reports it: user, environment or internal, never retried
+        trainer = getattr(model, "trainer", None)
+        loaders = (
+            getattr(trainer, "train_loader", None),
+            getattr(getattr(trainer, "validator", None), "dataloader", None),
+        )
+        return failures.report_training_failure(
+            spec, log, failures.name_dead_worker(e, [x for x in loaders if x is not None])
+        )
+    log.event("finished", seconds=round(time.time() - started, 2))
+    return OK

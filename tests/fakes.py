@@ -1,0 +1,120 @@
+"""The one set of test fakes for the supervisor: a fake clock, a heartbeat builder and a scripted child.
+
+The supervisor's loop is tested as torch elastic tests its agent: with scripted results instead
+of real processes (:class:`ScriptedChild` keeps the :class:`rocm_yolo.supervisor.trainer_process.Child`
+protocol); the end-to-end tests use the real thing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rocm_yolo.run.events import RunLog
+from rocm_yolo.run.heartbeat import Heartbeat
+from rocm_yolo.supervisor.loop import Supervisor
+
+
+class Clock:
+    """A monotonic clock that moves only when the code under test sleeps."""
+
+    def __init__(self, now: float = 0.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, dt: float) -> None:
+        self.now += dt
+
+
+def beat(
+    seq: int,
+    *,
+    epoch: int = 1,
+    batch: int = 1,
+    batches_total: int = 1,
+    batches: int = 50,
+    phase: str = "train",
+    step: float = 1.0,
+    it_s: float | None = None,
+    pid: int = 100,
+    t: float = 0.0,
+    epochs: int = 3,
+    rank: int = 0,
+) -> Heartbeat:
+    """A heartbeat record (``t``: the trainer's wall clock of the write; ``it_s`` defaults to 1 / ``step``)."""
+    return Heartbeat(
+        seq=seq,
+        pid=pid,
+        attempt=1,
+        phase=phase,
+        epoch=epoch,
+        epochs=epochs,
+        batch=batch,
+        batches=batches,
+        step_max=step,
+        step_last=step,
+        batches_total=batches_total,
+        it_s=1 / step if it_s is None else it_s,
+        time=t,
+        started=0,
+        rank=rank,
+    )
+
+
+class ScriptedChild:
+    """A fake training child: ``beats`` maps a clock time to the heartbeat it sends then; it exits with ``code``
+    at ``exit_at`` (None: never, it goes silent)."""
+
+    def __init__(self, clock, beats: dict, *, pid: int = 100, exit_at: float | None = None, code: int = 0):
+        self.clock, self.events, self.pid, self.exit_at, self.code = clock, sorted(beats.items()), pid, exit_at, code
+        self.ranks: dict[int, Heartbeat] = {}
+        self.seen = 0
+        self.dumped = self.killed = False
+
+    def poll(self) -> int | None:
+        return self.code if self.exit_at is not None and self.clock() >= self.exit_at else None
+
+    def heartbeats(self) -> list[Heartbeat]:
+        """The scripted heartbeats due since the last call, as the pipe gives them."""
+        due = [hb for t, hb in self.events if t <= self.clock()]
+        new, self.seen = due[self.seen :], len(due)
+        for hb in new:
+            self.ranks[hb.rank] = hb
+        return new
+
+    def dump_stacks(self, out: Path) -> Path:
+        self.dumped = True
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("stacks")
+        return out
+
+    def kill(self) -> list[int]:
+        self.killed = True
+        return []
+
+
+def supervisor(spec, children, clock: Clock, config, made: list | None = None, **kw) -> Supervisor:
+    """A supervisor whose attempts are ``children`` in turn (the specs they were made for go into ``made``)."""
+    made = [] if made is None else made
+
+    def factory(s, c):
+        made.append(s)
+        return children[len(made) - 1]
+
+    return Supervisor(
+        spec,
+        config,
+        child_factory=factory,
+        clock=clock,
+        sleep=clock.sleep,
+        log=RunLog(stream=open(os.devnull, "w")),
+        **kw,
+    )
+
+
+def supervise(spec, children, clock: Clock, config, **kw):
+    """Run a :func:`supervisor` to its end: (the result, the specs of its attempts)."""
+    made: list = []
+    return supervisor(spec, children, clock, config, made, **kw).run(), made

@@ -1,0 +1,45 @@
+"""Process trees: helpers die with their parent, a bounded run leaves nothing behind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+
+from helpers import descendants
+from rocm_yolo.process import tree
+from rocm_yolo.process.lifecycle import alive
+
+
+def test_helper_children_die_with_their_parent(tmp_path):
+    code = (
+        "import sys, time; from rocm_yolo.process import tree; "
+        "c = tree.start(['sleep', '120']); print(c.pid, flush=True); time.sleep(120)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    assert psutil.pid_exists(child)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and alive(child):
+        time.sleep(0.1)
+    assert not alive(child)
+
+
+def test_run_bounded_kills_the_whole_tree(tmp_path):
+    pids = tmp_path / "pids"
+    code = (
+        "import os, subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{c.pid}}')\n"
+        "time.sleep(600)\n"
+    )
+    before = descendants()
+    outcome = tree.run_bounded([sys.executable, "-c", code], timeout=3)
+    assert outcome.timed_out and outcome.returncode is None
+    for pid in map(int, pids.read_text().split()):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert descendants() <= before
