@@ -21,7 +21,7 @@ step = echo "make: $(1)"; ( $(2) ) >$(VENV)/step.log 2>&1; rc=$$?; cat $(VENV)/s
 	[ $$rc = 0 ] || { echo "make: $(1) failed: $$(grep -m 1 -E '^(ERROR|[A-Za-z]*Error)' $(VENV)/step.log \
 	|| grep -v '^\s*$$' $(VENV)/step.log | tail -n 1) (all of it: $(LOG))"; exit 1; }
 
-.PHONY: help demo test torch
+.PHONY: help demo test torch floorplan
 .DEFAULT_GOAL := help
 
 help: ## list the targets
@@ -35,6 +35,9 @@ test: $(VENV)/.project-test ## set up with the test extras (first time), then ru
 	$(PY) -m pytest -q
 
 torch: $(VENV)/.torch ## only set up .venv and torch
+
+floorplan: ## print the import cycles among rocm_yolo's modules and folders (none: the plan is a DAG)
+	@$(PYTHON) tests/floorplan.py
 
 # the installed torch and torchvision as pip sees them (their metadata: torch.__version__ may add +cu130)
 export HOLD_TORCH := from importlib import metadata as m; [print(f"{d}=={m.version(d)}") for d in ("torch", "torchvision") if any(True for _ in m.distributions(name=d))]

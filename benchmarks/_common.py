@@ -9,47 +9,21 @@ import signal
 import subprocess
 import sys
 import tempfile
-import uuid
 from importlib.metadata import version
 from pathlib import Path
 
-import psutil
+from rocm_yolo.process.tagged import Tagged
 
-from rocm_yolo import environment
-from rocm_yolo.process.tree import with_env
-
-TAG_VAR = "ROCM_YOLO_BENCH_TAG"  # every process a run starts inherits it: cleanup finds them all
-
-
-def stop_all(proc: subprocess.Popen | None, tag: str, grace: float = 20.0) -> None:
-    """SIGTERM the run (rocm-yolo's supervisor then stops its own tree), then SIGKILL whatever carries the tag."""
-    if proc is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-    for p in with_env(TAG_VAR, tag):
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(with_env(TAG_VAR, tag), timeout=5)
+TAG_VAR = "ROCM_YOLO_BENCH_TAG"
 
 
 def run_logged(cmd: list[str], cwd: Path, log: Path, timeout: float, env: dict | None = None) -> int:
     """Run ``cmd`` with its output in ``log``; whatever happens, leave none of its processes behind."""
-    tag = uuid.uuid4().hex
-    full_env = {**os.environ, TAG_VAR: tag, "PYTHONUNBUFFERED": "1"}
-    for var in (environment.FAULT, environment.RECORD_BATCHES, environment.PLUGINS):
-        full_env.pop(var, None)
-    full_env.update(env or {})
-    if environment.FAULT in full_env or environment.RECORD_BATCHES in full_env:
-        full_env[environment.PLUGINS] = "rocm_yolo.testing"  # the plugin that answers rocm_yolo.run.hooks
+    tagged = Tagged(TAG_VAR)  # every process a run starts inherits it: cleanup finds them all
     proc = None
     try:
         with open(log, "w") as out:
-            proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+            proc = tagged.start(cmd, cwd=cwd, output=out, extra=env)
             try:
                 code = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -58,7 +32,7 @@ def run_logged(cmd: list[str], cwd: Path, log: Path, timeout: float, env: dict |
             raise KeyboardInterrupt  # stopped from outside (Ctrl-C reaches the whole process group)
         return code
     finally:
-        stop_all(proc, tag)  # a no-op after a clean exit; on timeout, Ctrl-C or error it stops everything
+        tagged.stop(proc)  # a no-op after a clean exit; on timeout, Ctrl-C or error it stops everything
 
 
 def size_args(a) -> list[str]:

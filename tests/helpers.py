@@ -6,20 +6,17 @@ import csv
 import os
 import pickle
 import re
-import signal
 import subprocess
 import sys
 import time
-import uuid
 import zipfile
 from pathlib import Path
 
 import psutil
 
-from rocm_yolo import environment, launch
+from rocm_yolo import launch
 from rocm_yolo.launch.train_request import TrainRequest
-from rocm_yolo.process.lifecycle import alive
-from rocm_yolo.process.tree import with_env
+from rocm_yolo.process.tagged import Tagged
 from rocm_yolo.run.events import read_events
 from rocm_yolo.run.paths import RunPaths
 
@@ -37,25 +34,23 @@ class Cli:
 
     def __init__(self, cwd: Path):
         self.cwd = cwd
-        self.tag = uuid.uuid4().hex
-        self.env = {**os.environ, TAG_VAR: self.tag, "PYTHONUNBUFFERED": "1"}
-        for var in (environment.FAULT, environment.RECORD_BATCHES, environment.PLUGINS):
-            self.env.pop(var, None)
+        self.tagged = Tagged(TAG_VAR)
+        self.tag = self.tagged.tag
+        self.env: dict[str, str] = {}  # variables for every run of this Cli (on top of this process's)
         self.runs = 0
         self.output: Path | None = None
 
     def start(self, *args: str, env: dict | None = None) -> subprocess.Popen:
-        """Start the CLI with its output in a file (a pipe would stay open in orphans and fill up)."""
+        """Start the CLI with its output in a file (the testing plugin is loaded when ``env`` asks for a fault)."""
         self.runs += 1
         self.output = self.cwd / f"cli-{self.tag[:8]}-{self.runs}.out"  # two Cli in one directory keep theirs
         with open(self.output, "w") as out:
-            return subprocess.Popen(
-                [sys.executable, "-m", "rocm_yolo", *args],
-                cwd=self.cwd,
-                env={**self.env, **with_plugin(env or {})},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
+            cmd = [sys.executable, "-m", "rocm_yolo", *args]
+            return self.tagged.start(cmd, cwd=self.cwd, output=out, extra={**self.env, **(env or {})})
+
+    def environ(self) -> dict[str, str]:
+        """The whole environment a run of this Cli gets (for another command that must look like one)."""
+        return self.tagged.environ(self.env)
 
     def read(self) -> str:
         return self.output.read_text(errors="replace")
@@ -77,19 +72,10 @@ class Cli:
         return subprocess.CompletedProcess(proc.args, proc.returncode, text, "")
 
     def leftovers(self, settle: float = 5.0) -> list[psutil.Process]:
-        deadline = time.monotonic() + settle
-        while True:
-            left = [p for p in with_env(TAG_VAR, self.tag) if alive(p.pid)]  # not one that exits meanwhile
-            if not left or time.monotonic() > deadline:
-                return left
-            time.sleep(0.2)
+        return self.tagged.leftovers(settle)
 
     def kill_all(self) -> None:
-        for proc in with_env(TAG_VAR, self.tag):
-            try:
-                proc.send_signal(signal.SIGKILL)
-            except psutil.Error:
-                pass
+        self.tagged.kill(wait=0)
 
 
 def request(data: str | None = None, **kwargs) -> TrainRequest:
@@ -100,13 +86,6 @@ def request(data: str | None = None, **kwargs) -> TrainRequest:
 def prepare(data: str | None = None, **kwargs):
     """``request(...)`` validated and its run directory claimed: the first attempt's spec."""
     return launch.prepare(request(data, **kwargs))
-
-
-def with_plugin(env: dict) -> dict:
-    """``env`` with the testing plugin loaded when it asks for a fault or a batch record (rocm_yolo.run.hooks)."""
-    if environment.FAULT in env or environment.RECORD_BATCHES in env:
-        return {environment.PLUGINS: "rocm_yolo.testing", **env}
-    return env
 
 
 def wait_for(predicate, timeout, what, proc=None, cli=None):

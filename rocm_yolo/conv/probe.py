@@ -1,7 +1,7 @@
 """What the conv self-test runs for each strategy: a training step, YOLO's validation, a timed run.
 
-Imported only in the throwaway self-test child (``python -m rocm_yolo.convtest --child``),
-where a MIOpen fault may kill the process: this is the torch side, :mod:`rocm_yolo.convtest`
+Imported only in the throwaway self-test child (``python -m rocm_yolo.conv.selftest --child``),
+where a MIOpen fault may kill the process: this is the torch side, :mod:`rocm_yolo.conv.selftest`
 the torch-free side that starts children, chooses and caches.
 
 The workload is one block per kind of convolution a YOLO detection model runs

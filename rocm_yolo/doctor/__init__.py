@@ -4,20 +4,21 @@ Each check is one row: a status (✓ ok, ⚠ warning, ✗ blocks training, – s
 found, and the fix in words a user can act on; a verdict as a person would say it ends the
 report. Torch-free: every check that needs torch runs in a subprocess under a timeout.
 
-- :mod:`.cli`: the command line and the order the checks run in;
+- :mod:`.cli`: the command line;
+- :mod:`.checks`: the registry of checks: their names (``--skip``), their order, their functions;
 - :mod:`.report`: rows, options, statuses, exit codes, the verdict and the output;
 - :mod:`.system`: versions, shared memory and open files, the start method, the kernel log;
-- :mod:`.gpu`: architecture, HSA override, device files and groups, torch's GPU code, the conv self-test;
+- :mod:`.gpu_checks`: architecture, HSA override, device files and groups, torch's GPU code, the conv self-test;
 - :mod:`.multigpu`: for more than one GPU, each one's architecture and device, and RCCL's kernel options;
-- :mod:`.data`: every image and label of a data set, per task;
-- :mod:`.loader`: Ultralytics' dataset and a DataLoader, in a single process, then with workers.
+- :mod:`.data_checks`: every image and label of a data set, per task;
+- :mod:`.loader_probe`: Ultralytics' dataset and a DataLoader, in a single process, then with workers.
 
 The names below are its API for scripts: ``rocm_yolo.doctor.diagnose(Options(...))`` gives the rows.
 """
 
+from rocm_yolo.doctor.checks import NAMES as CHECKS
 from rocm_yolo.doctor.cli import add_arguments, diagnose, main, run
 from rocm_yolo.doctor.report import (
-    CHECKS,
     EXIT_OK,
     EXIT_PROBLEMS,
     EXIT_USAGE,

@@ -1,4 +1,4 @@
-"""``rocm-yolo doctor``: its command line, and the order the checks run in.
+"""``rocm-yolo doctor``: its command line (the checks and their order: :mod:`.checks`).
 
 Exit codes: ``0`` nothing blocks training (warnings allowed), ``1`` at least one ✗ row, ``2``
 a usage error (e.g. a missing DATA file): one line on stderr, no traceback. Like the CLI,
@@ -13,14 +13,12 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Iterator
 
+from rocm_yolo.doctor import checks
 from rocm_yolo.doctor.report import (
-    CHECKS,
     EXIT_USAGE,
     FAIL,
     OK,
-    SKIP,
     SYMBOLS,
     Options,
     Row,
@@ -74,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"settings profile to check against ({', '.join(PROFILES)}; default {DEFAULT_PROFILE})",
     )
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds each subprocess step may take (120)")
-    parser.add_argument("--skip", default="", help=f"comma-separated checks to leave out: {','.join(CHECKS)}")
+    parser.add_argument("--skip", default="", help=f"comma-separated checks to leave out: {','.join(checks.NAMES)}")
     parser.add_argument("--rocm-path", default=None, help="ROCm installation (default $ROCM_PATH or /opt/rocm)")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout, for scripts")
     # hidden: fake trees for tests and for inspecting a mounted system image
@@ -94,9 +92,9 @@ def _default(key: str) -> object:
 def options_from_args(args: argparse.Namespace) -> Options:
     """Validate the parsed arguments; raises :class:`UsageError` with a one-line message."""
     skip = frozenset(x.strip() for x in (getattr(args, "skip", "") or "").split(",") if x.strip())
-    unknown = skip - set(CHECKS)
+    unknown = skip - set(checks.NAMES)
     if unknown:
-        raise UsageError(f"--skip: unknown check {', '.join(sorted(unknown))}: choose from {','.join(CHECKS)}")
+        raise UsageError(f"--skip: unknown check {', '.join(sorted(unknown))}: choose from {','.join(checks.NAMES)}")
     if args.workers is not None and args.workers < 0:
         raise UsageError(f"--workers {args.workers} must be >= 0")
     sizes = DEMO_DEFAULTS if args.data == "demo" else train_sizes()  # what the training run would use
@@ -162,48 +160,11 @@ def run(args: argparse.Namespace) -> int:
 def diagnose(opts: Options, on_row=None) -> list[Row]:
     """Run every check not skipped; ``on_row(row)`` is called as each row is ready."""
     rows: list[Row] = []
-    for row in run_all(opts):
+    for row in checks.run_all(opts):
         rows.append(row)
         if on_row is not None:
             on_row(row)
     return rows
-
-
-def run_all(opts: Options) -> Iterator[Row]:
-    """Every check not in ``opts.skip``, in order."""
-    from rocm_yolo.doctor import data_checks as data
-    from rocm_yolo.doctor import gpu_checks as gpu
-    from rocm_yolo.doctor import system
-    from rocm_yolo.gpu.torch_build import torch_build
-
-    gpus, why = gpu.detect_gpus(opts) if {"versions", "gpu", "conv"} - opts.skip else (None, None)
-    build = torch_build()
-    kind = system.torch_kind(build)
-    loader_check = opts.data is not None and "loader" not in opts.skip
-    torch_error = None
-    if not build.get("path"):
-        torch_error = "torch is not installed"
-    elif "versions" not in opts.skip or loader_check:
-        torch_error = system.torch_import_error(opts)
-    if "versions" not in opts.skip:
-        yield from system.check_versions(opts, gpus, torch_error if build.get("path") else None)
-    if "gpu" not in opts.skip:
-        yield from gpu.check_gpu(opts, gpus, why)
-        yield from gpu.check_torch_gpu(opts, gpus, kind)
-    if "shm" not in opts.skip:
-        yield from system.check_shm(opts)
-    if "start" not in opts.skip:
-        yield from system.check_start_method(opts)
-    if opts.data is not None and not {"data", "loader"} <= opts.skip:
-        yield from data.check_data_and_loader(opts, torch_error)
-    elif "data" not in opts.skip:
-        yield Row(
-            "data.yaml", "data set", SKIP, "no DATA given: pass a data YAML (or 'demo') to check data and loading"
-        )
-    if "conv" not in opts.skip:
-        yield from gpu.check_conv(opts, gpus, kind)
-    if "kernel" not in opts.skip:
-        yield from system.check_kernel_log(opts)
 
 
 def _printer():

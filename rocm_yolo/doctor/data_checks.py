@@ -7,7 +7,7 @@ thread pool (OpenCV releases the GIL). A FIFO, socket or device file is reported
 opened: opening it would block, which is how such a file hangs a training run. The task is
 ``--task``, else what the data says: a directory is classify, a YAML with ``kpt_shape``
 pose, any other YAML detect (whose lines may be boxes or polygons). The DataLoader rows
-that follow are :mod:`.loader`'s.
+that follow are :mod:`.loader_probe`'s.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 statuses and exit codes, what a run with those options would load (:func:`loader_plan`), and the
 verdict and output (a table for people, JSON for scripts).
 
-The checks (:mod:`.system`, :mod:`.gpu`, :mod:`.data`, :mod:`.loader`) import this module and
+The checks (:mod:`.system`, :mod:`.gpu_checks`, :mod:`.data_checks`, :mod:`.loader_probe`) import this module and
 not one another's command line (:mod:`.cli`).
 """
 
@@ -24,9 +24,6 @@ EXIT_USAGE = 2
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 SYMBOLS = {OK: "✓", WARN: "⚠", FAIL: "✗", SKIP: "–"}
 _COLOURS = {OK: "\033[32m", WARN: "\033[33m", FAIL: "\033[31m", SKIP: "\033[2m"}
-
-# Check groups, in the order they run; ``--skip`` takes these names.
-CHECKS = ("versions", "gpu", "shm", "start", "data", "loader", "conv", "kernel")
 
 
 def train_sizes() -> dict:

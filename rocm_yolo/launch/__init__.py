@@ -7,6 +7,13 @@
    :class:`~rocm_yolo.run.spec.RunSpec`, with no side effects;
 2. :func:`.claim.claim`: the run directory taken and locked (one supervisor per run);
 3. :func:`run`: the supervisor runs the spec; Ctrl-C and SIGTERM stop the whole tree.
+
+- :mod:`.train_request`: ``TrainRequest``, the request as the user gave it (its options listed once);
+- :mod:`.validation`: ``make_spec``, the request validated into the first attempt's spec;
+- :mod:`.data_path`: DATA and the default model, checked before anything starts;
+- :mod:`.demo`: the demo data set, written by the tool itself;
+- :mod:`.resume_target`: which run and checkpoint a ``--resume`` continues;
+- :mod:`.claim`: the run directory taken; :mod:`.ownership`: one supervisor per run directory.
 """
 
 from __future__ import annotations

@@ -1,1 +1,9 @@
-"""TODO"""
+"""Processes, generally: how a child lives and dies, whole process trees, and tagged commands.
+
+Torch-free and light (ctypes, psutil): the supervisor, the trainer, the fork server and every
+DataLoader worker use it, and so do the doctor, the conv self-test, the tests and the benchmarks.
+
+- :mod:`.lifecycle`: dying with the parent (``PR_SET_PDEATHSIG``), the stack-dump signal, liveness;
+- :mod:`.tree`: process trees: start in a session, dump stacks, kill all of it, bounded helper commands;
+- :mod:`.tagged`: commands started with a tag in their environment, all their processes found and stopped.
+"""

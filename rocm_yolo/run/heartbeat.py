@@ -1,14 +1,21 @@
-"""The heartbeat record: how the training child tells the supervisor (and ``rocm-yolo status``) it lives.
+"""The pipe protocol: how the training child tells the supervisor (and ``rocm-yolo status``) it lives.
 
-Each beat is one JSON record (:class:`Heartbeat`), sent two ways: as a line down a pipe the
-supervisor gave the child (:data:`rocm_yolo.environment.HEARTBEAT_FD`), which needs no disk, and into ``heartbeat.json``
-in the run's rocm-yolo directory (atomically), which ``rocm-yolo status`` reads from another
-terminal. Each record carries a sequence number that grows with every event, so "no
-progress" is "no new sequence number", whatever the clocks say.
+Three kinds of line go down the pipe the supervisor gave the child
+(:data:`rocm_yolo.environment.HEARTBEAT_FD`), each one write of less than ``PIPE_BUF``:
 
-The writer is :mod:`rocm_yolo.trainer.callbacks.heartbeat_writer` (Ultralytics callbacks), the pipe's reader
-:class:`rocm_yolo.supervisor.trainer_process.PipeReader`. Readers get ``None`` for a missing,
-half-written or badly typed record instead of an exception.
+- a **heartbeat record** (:class:`Heartbeat`, JSON), also written into ``heartbeat.json`` in the
+  run's rocm-yolo directory (atomically), which ``rocm-yolo status`` reads from another terminal.
+  Each record carries a sequence number that grows with every event, so "no progress" is "no
+  new sequence number", whatever the clocks say;
+- a **position line** (:func:`position_line`, ``P seq epoch batch total time``): a training batch
+  finished between two records, in a few bytes;
+- on several GPUs, a rank's **exit line** (:func:`exit_line`, ``X RANK CODE``), its last, which the
+  launcher keeps rather than relays.
+
+The writer is :mod:`rocm_yolo.trainer.callbacks.heartbeat_writer` (Ultralytics callbacks), the pipe's
+reader :class:`rocm_yolo.supervisor.trainer_process.PipeReader`, the ranks' relay
+:class:`rocm_yolo.trainer.agent.launcher.Relay`. Readers get ``None`` for a missing, half-written or
+badly typed line instead of an exception.
 """
 
 from __future__ import annotations
@@ -62,9 +69,12 @@ def parse(text: str | bytes) -> Heartbeat | None:
     return Heartbeat(**data)
 
 
+POSITION_PREFIX = "P "
+
+
 def position_line(seq: int, epoch: int, batch: int, batches_total: int, wall: float) -> str:
     """A training batch finished between two heartbeat records: ``P seq epoch batch batches_total time``."""
-    return f"P {seq} {epoch} {batch} {batches_total} {wall:.3f}"
+    return f"{POSITION_PREFIX}{seq} {epoch} {batch} {batches_total} {wall:.3f}"
 
 
 def apply_position(last: Heartbeat, text: str) -> Heartbeat | None:
@@ -74,9 +84,25 @@ def apply_position(last: Heartbeat, text: str) -> Heartbeat | None:
         seq, epoch, batch, total, wall = int(parts[1]), int(parts[2]), int(parts[3]), int(parts[4]), float(parts[5])
     except (IndexError, ValueError):
         return None
-    if len(parts) != 6 or parts[0] != "P":
+    if len(parts) != 6 or parts[0] != POSITION_PREFIX.strip():
         return None
     return replace(last, seq=seq, phase="train", epoch=epoch, batch=batch, batches_total=total, time=wall, step_max=0.0)
+
+
+EXIT_PREFIX = "X "  # on several GPUs, a rank's last line: "X RANK CODE"
+
+
+def exit_line(rank: int, code: int) -> str:
+    """A rank's last line down the launcher's FIFO: the exit code it ends with."""
+    return f"{EXIT_PREFIX}{rank} {code}"
+
+
+def parse_exit(text: str) -> tuple[int, int] | None:
+    """``(rank, code)`` of an exit line, or None if ``text`` is not one."""
+    parts = text.split()
+    if len(parts) == 3 and parts[0] == EXIT_PREFIX.strip() and parts[1].isdigit() and parts[2].lstrip("-").isdigit():
+        return int(parts[1]), int(parts[2])
+    return None
 
 
 def read(path: str | os.PathLike) -> Heartbeat | None:

@@ -161,6 +161,15 @@ class RunPaths:
     def worker_stacks(self, pid: int) -> Path:
         return self.stacks / f"worker-{pid}.txt"
 
+    def forkserver(self, rank: int | None = None) -> Path:
+        """Where a fork server records itself: ``forkserver.json``, ``forkserver-rankN.json`` for a rank above 0."""
+        return self.state / ("forkserver.json" if not rank else f"forkserver-rank{rank}.json")
+
+    @property
+    def torchrun_log(self) -> Path:
+        """A multi-GPU run's log of torch's launcher (its banner, warnings, the failure table of a rank)."""
+        return self.state / "torchrun.log"
+
     @property
     def lock(self) -> Path:
         return self.state / "lock"

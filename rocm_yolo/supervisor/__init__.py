@@ -5,11 +5,10 @@ healthy, finished, a user or environment error, or stalled/crashed, which spends
 (dump the stacks, kill the whole tree, resume the newest checkpoint on the next profile).
 
 - :mod:`.config`: ``WatchdogConfig``, every watchdog default in one place;
-- :mod:`.states`: the states of an attempt and of a run, and ``RunResult``;
+- :mod:`.states`: how an attempt ends a run, and ``RunResult``;
 - :mod:`.loop`: ``Supervisor``, the monitor loop (policy);
 - :mod:`.stall`: ``StallDetector``, "no progress for too long", knowing nothing of processes;
-- :mod:`.child`: ``ChildProcess``, the real training child and its heartbeat pipe (mechanism);
+- :mod:`.trainer_process`: the ``Child`` protocol and ``TrainerProcess``, the real one with its pipe (mechanism);
 - :mod:`.restart`: what the next attempt starts from, and tidying a finished run;
-- :mod:`.worklost`: where each failed attempt was and what the next one trained again;
-- :mod:`.proctree`: process trees: start in a session, dump stacks, kill all of it, bounded helpers.
+- :mod:`.worklost`: where each failed attempt was and what the next one trained again.
 """

@@ -5,7 +5,8 @@ One monitor loop, one decision per tick: the child is healthy (keep watching), f
 stacks, kill the whole tree, resume the newest checkpoint on the next profile of the
 fallback ladder). The states and their transitions are in :mod:`.states`.
 
-Policy only: the process machinery sits behind the child factory (:class:`.child.ChildProcess`),
+Policy only: the process machinery sits behind the child factory (:class:`.trainer_process.TrainerProcess`, a
+:class:`.trainer_process.Child`),
 so tests drive this loop with scripted heartbeats and a fake clock; end-to-end tests use the
 real thing.
 """
@@ -16,6 +17,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Callable
 
 from rocm_yolo import errors, triage
 from rocm_yolo.process.lifecycle import signal_name
@@ -35,7 +37,7 @@ from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.restart import last_loadable, next_spec, tidy_finished
 from rocm_yolo.supervisor.stall import StallDetector
 from rocm_yolo.supervisor.states import EXIT_STATES, RUN_EXIT, RunResult
-from rocm_yolo.supervisor.trainer_process import ChildProcess
+from rocm_yolo.supervisor.trainer_process import Child, TrainerProcess
 from rocm_yolo.supervisor.worklost import WorkLost
 from rocm_yolo.ultralytics_rules.checkpoint import summary
 
@@ -52,7 +54,7 @@ class Supervisor:
         spec: RunSpec,
         config: WatchdogConfig,
         *,
-        child_factory=ChildProcess,
+        child_factory: Callable[[RunSpec, WatchdogConfig], Child] = TrainerProcess,
         clock=time.monotonic,
         sleep=time.sleep,
         log: RunLog | None = None,
@@ -186,7 +188,7 @@ class Supervisor:
                 f"rocm-yolo train --resume {spec.paths.last}"
             )
 
-    def _watch(self, child, spec: RunSpec) -> tuple[State, str]:
+    def _watch(self, child: Child, spec: RunSpec) -> tuple[State, str]:
         detector = StallDetector(self.config, self.clock())
         state = State.STARTING
         hb: Heartbeat | None = None  # the newest heartbeat of this attempt
@@ -222,9 +224,9 @@ class Supervisor:
                 return State.STALLED, self._on_stall(child, spec, detector, hb, now)
             self.sleep(self.config.poll_interval)
 
-    def _on_stall(self, child, spec: RunSpec, detector: StallDetector, hb: Heartbeat | None, now: float) -> str:
+    def _on_stall(self, child: Child, spec: RunSpec, detector: StallDetector, hb: Heartbeat | None, now: float) -> str:
         where = f"epoch {hb.epoch}/{hb.epochs}, {hb.phase} batch {hb.batch}/{hb.batches}" if hb else "during start-up"
-        where += _ranks_heard(getattr(child, "ranks", {}))
+        where += _ranks_heard(child.ranks)
         stalled = detector.stalled_for(now)
         self.log.event(
             "hang",

@@ -1,7 +1,9 @@
-"""The real training child: ``python -m rocm_yolo.trainer SPEC.json`` in its own session, and its heartbeat pipe.
+"""The supervisor's handle on the training process: the :class:`Child` protocol, and the real one.
 
-This is the mechanism behind :class:`rocm_yolo.supervisor.loop.Supervisor`'s policy; tests drive
-the loop with scripted children that have the same five methods.
+:class:`TrainerProcess` (``python -m rocm_yolo.trainer SPEC.json`` in its own session, with its
+heartbeat pipe) is the mechanism behind :class:`rocm_yolo.supervisor.loop.Supervisor`'s policy;
+tests drive the loop with scripted children that keep the same :class:`Child` protocol
+(``tests/fakes.py``), as torch elastic tests its agent.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Protocol
 
 from rocm_yolo import environment
 from rocm_yolo.process import tree
@@ -19,6 +22,25 @@ from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.supervisor.config import WatchdogConfig
 
 TRAINER_MODULE = "rocm_yolo.trainer"
+
+
+class Child(Protocol):
+    """One attempt's training process, as the supervisor's loop sees it."""
+
+    pid: int
+    ranks: dict[int, Heartbeat]  # each rank's newest heartbeat (one entry on one GPU)
+
+    def poll(self) -> int | None:
+        """Its exit code once it has exited, else None."""
+
+    def heartbeats(self) -> list[Heartbeat]:
+        """Its heartbeats since the last call, oldest first."""
+
+    def dump_stacks(self, out: Path) -> Path:
+        """Write the Python stacks of its whole tree into ``out``; bounded in time."""
+
+    def kill(self) -> list[int]:
+        """Stop its whole tree; the pids still alive after SIGKILL."""
 
 
 class PipeReader:
@@ -50,7 +72,9 @@ class PipeReader:
         beats = []
         for line in lines:
             text = line.decode("utf-8", "replace")
-            if text.startswith("P "):  # a batch finished between two records: rank 0's last record, moved on
+            if text.startswith(
+                heartbeat.POSITION_PREFIX
+            ):  # a batch finished between two records: rank 0's last record, moved on
                 hb = heartbeat.apply_position(self.last, text) if self.last is not None else None
             else:
                 hb = heartbeat.parse(text)
@@ -66,7 +90,7 @@ class PipeReader:
             self.fd = -1
 
 
-class ChildProcess:
+class TrainerProcess:
     """The training child in its own session.
 
     It dies with the supervisor (``PR_SET_PDEATHSIG``) and sends its heartbeat down a pipe,

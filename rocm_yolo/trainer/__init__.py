@@ -1,17 +1,18 @@
 """The training child: the one process that imports torch and Ultralytics and trains.
 
 Started fresh by the supervisor as ``python -m rocm_yolo.trainer SPEC.json`` (never forked
-from a process that imported torch), it orders the steps that make DataLoader workers safe
-(:mod:`.child`), sets up the environment, the fork server and the patches (:mod:`.setup`),
-trains with rocm-yolo's callbacks (:mod:`.run`) and turns every failure into one line and
-an exit code (:mod:`.failures`).
+from a process that imported torch).
 
-- :mod:`.compat`: every Ultralytics and torch internal rocm-yolo relies on, checked at start-up;
-- :mod:`.forkserver`, :mod:`.preload`: DataLoader workers forked from a preloaded server;
-- :mod:`.callbacks`: the registry of callback events; :mod:`.run_hooks`, :mod:`.heartbeat`: callbacks;
-- :mod:`.checkpoint_state`, :mod:`.checkpoint_save`, :mod:`.checkpoint_resume`: mid-epoch checkpoints;
-- :mod:`.sample_order`: the training samples' order, recorded and replayed;
-- :mod:`.resume`: what a resume passes to Ultralytics, and where inside an epoch it continues.
+- :mod:`.entry`: the process entry: it orders the steps that make DataLoader workers safe, and
+  returns the exit code the supervisor acts on;
+- :mod:`.setup`: the environment and presets, the fork server, checked imports, the patches;
+- :mod:`.training`: ``YOLO(model).train(**args)`` with rocm-yolo's callbacks;
+- :mod:`.train_args`: what a run passes to ``model.train``, and on a resume what changed;
+- :mod:`.failures`: every way the child fails, as one line and an exit code;
+- :mod:`.callbacks`: the Ultralytics callbacks (run hooks, the heartbeat) and their registry;
+- :mod:`.checkpointing`: mid-epoch checkpoints: the state captured, saved, restored, the sample order;
+- :mod:`.agent`: on several GPUs, the launcher of ``torch.distributed.run`` and what differs in a rank;
+- :mod:`.loaders`: DataLoader workers forked from a preloaded server.
 
 This package's ``__init__`` imports nothing: spawned workers and the fork server import parts of it.
 """

@@ -49,7 +49,7 @@ def api_run(tmp_path_factory, tiny_data):
     )
     cli = Cli(root)
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=root, env=cli.env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code], cwd=root, env=cli.environ(), capture_output=True, text=True, timeout=300
     )
     result = json.loads(proc.stdout.split("RESULT", 1)[1]) if "RESULT" in proc.stdout else {}
     return {"proc": proc, "result": result, "cli": cli, "run": Path(result.get("run_dir", root / "missing"))}
@@ -66,7 +66,7 @@ def test_python_api_trains_with_forkserver_workers_on_the_cpu(api_run):
     trainer_pid = start["pid"]
     made = workers_of(run)
     assert len(made) == 2 and {w["start_method"] for w in made} == {"forkserver"}  # read from /proc/PID/cmdline
-    server = json.loads((RunPaths(run).state / "forkserver.json").read_text())
+    server = json.loads(RunPaths(run).forkserver().read_text())
     assert server["trainer"] == trainer_pid and server["gpu_files"] == [] and server["native_threads"] == ["python"]
     assert {w["ppid"] for w in made} == {server["pid"]} and {w["trainer"] for w in made} == {trainer_pid}
     assert {w["role"] for w in made} == {"train"}
@@ -152,7 +152,7 @@ def test_the_readme_first_command(tmp_path):
     assert (tmp_path / "demo" / "demo.yaml").is_file()
     assert "profile fast | start method forkserver (preloaded)" in r.stdout
     # the workers' fork server imported the trainer's Ultralytics (in the lower-bound run, Cli checks that one)
-    server = json.loads((RunPaths(run).state / "forkserver.json").read_text())
+    server = json.loads(RunPaths(run).forkserver().read_text())
     assert [server["ultralytics"]] == HEADER_ULTRALYTICS.findall(r.stdout)
     assert cli.leftovers() == []
     s = subprocess.run([sys.executable, "-m", "rocm_yolo", "status", str(run)], capture_output=True, text=True)

@@ -14,7 +14,7 @@ The launcher stays between the supervisor and ``torch.distributed.run``:
 - **heartbeats**: the ranks cannot inherit the supervisor's pipe, because the launcher of
   ``torch.distributed.run`` closes every inherited file descriptor. Each rank writes its
   records into a FIFO instead (:data:`rocm_yolo.environment.HEARTBEAT_FIFO`), and a relay thread here copies them, whole
-  lines, into the pipe. A rank's last line says its exit code (:func:`exit_line`).
+  lines, into the pipe. A rank's last line says its exit code (:func:`rocm_yolo.run.heartbeat.exit_line`).
 - **exit codes**: ``torch.distributed.run`` reports any failure as 1 (and its own reports go
   to ``RUN/rocm_yolo/torchrun.log``, not the terminal: :mod:`.torchrun`). The launcher returns
   what the ranks said: a user error, a finished run, a broken environment, an internal error
@@ -41,18 +41,14 @@ from pathlib import Path
 
 from rocm_yolo import environment, errors
 from rocm_yolo.process.lifecycle import pdeathsig_kill
+from rocm_yolo.run import heartbeat
 from rocm_yolo.run.devices import world_size
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import RunSpec
 
-EXIT_PREFIX = "X "  # a rank's last line: "X RANK CODE"
 # what a rank's exit code says, most telling first: a user error or a finished run is no crash to retry
 TELLING = (errors.USAGE, errors.CHILD_FINISHED, errors.SETUP, errors.INTERNAL)
-
-
-def exit_line(rank: int, code: int) -> str:
-    return f"{EXIT_PREFIX}{rank} {code}"
 
 
 def free_port() -> int:
@@ -117,10 +113,10 @@ class Relay(threading.Thread):
 
     def _handle(self, line: bytes) -> None:
         text = line.decode("utf-8", "replace")
-        if text.startswith(EXIT_PREFIX):
-            parts = text.split()
-            if len(parts) == 3 and parts[1].isdigit() and parts[2].lstrip("-").isdigit():
-                self.exits[int(parts[1])] = int(parts[2])
+        if text.startswith(heartbeat.EXIT_PREFIX):
+            found = heartbeat.parse_exit(text)
+            if found is not None:
+                self.exits[found[0]] = found[1]
             return
         if self.out_fd is not None:
             try:
@@ -178,7 +174,7 @@ def launch(spec: RunSpec, spec_path: str, log: RunLog) -> int:
         ranks=ranks,
         port=port,
     )
-    torch_log = str(spec.paths.state / "torchrun.log")
+    torch_log = str(spec.paths.torchrun_log)
     try:  # started before the relay's thread: a fork with a second thread running is unsafe with preexec_fn
         proc = subprocess.Popen(command(spec_path, ranks, port, torch_log), env=env, preexec_fn=pdeathsig_kill)
     except BaseException:

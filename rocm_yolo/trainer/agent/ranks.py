@@ -19,7 +19,7 @@ import os
 from typing import Callable, Iterator
 
 from rocm_yolo import environment, errors
-from rocm_yolo.trainer.agent.launcher import exit_line
+from rocm_yolo.run.heartbeat import exit_line
 
 
 @contextlib.contextmanager

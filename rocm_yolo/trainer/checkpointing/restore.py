@@ -65,7 +65,7 @@ class MidEpochResume:
         self.log = log
         self.order = order
         self.on_resumed = on_resumed
-        self.supported = supported  # whether this Ultralytics has every internal it needs (trainer.compat)
+        self.supported = supported  # whether this Ultralytics has every internal it needs (ultralytics_rules.compat)
         self.state: MidEpochState | None = None  # the position of the checkpoint this process continues
         self.name = ""
         self.loader = None  # the train loader the position was checked against

@@ -149,7 +149,7 @@ class TrainOrder:
 
     def __init__(self, log: RunLog):
         self.log = log
-        self.supported = True  # this Ultralytics can be continued inside an epoch (trainer.compat)
+        self.supported = True  # this Ultralytics can be continued inside an epoch (ultralytics_rules.compat)
         self.loader = None
         self.sampler: PassSampler | None = None
         self.tracker: PassTracker | None = None

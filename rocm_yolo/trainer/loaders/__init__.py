@@ -1,1 +1,5 @@
-"""TODO"""
+"""DataLoader workers that start together: a fork server with torch and Ultralytics preloaded.
+
+- :mod:`.forkserver`: started by the trainer before it imports torch (torch-free);
+- :mod:`.preload`: what the server imports once, and its record of itself.
+"""

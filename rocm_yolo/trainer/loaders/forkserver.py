@@ -27,7 +27,6 @@ import multiprocessing.forkserver
 import os
 
 from rocm_yolo import environment
-from rocm_yolo.run.paths import RunPaths
 
 PRELOAD = "rocm_yolo.trainer.loaders.preload"  # the module the server imports (torch, Ultralytics' data modules)
 SINGLE_THREADED = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # unless the user set them
@@ -61,8 +60,3 @@ def start(run_dir: str | os.PathLike) -> None:
 def server_pid() -> int | None:
     """The fork server of this process, if one was started."""
     return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
-
-
-def record_path(run_dir: str | os.PathLike, rank: int | None = None):
-    """Where the server records itself: ``forkserver.json``, or ``forkserver-rankN.json`` for a rank above 0."""
-    return RunPaths(run_dir).state / ("forkserver.json" if not rank else f"forkserver-rank{rank}.json")

@@ -14,7 +14,7 @@ import time
 from rocm_yolo import environment
 from rocm_yolo.process.lifecycle import die_with_parent
 from rocm_yolo.run.devices import rank
-from rocm_yolo.trainer.loaders.forkserver import record_path
+from rocm_yolo.run.paths import RunPaths
 
 _GPU_DEVICES = ("/dev/kfd", "/dev/dri/", "/dev/nvidia")
 
@@ -86,7 +86,7 @@ def _preload() -> None:
             "preload_error": error,
         }
         try:
-            path = record_path(run_dir, rank())  # each rank of a multi-GPU run has its own server
+            path = RunPaths(run_dir).forkserver(rank())  # each rank of a multi-GPU run has its own server
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(record))
         except OSError:

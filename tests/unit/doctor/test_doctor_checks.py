@@ -15,7 +15,7 @@ import pytest
 from helpers import rows_by_check
 from rocm_yolo import doctor
 from rocm_yolo.cli import build_parser
-from rocm_yolo.doctor import FAIL, OK, SKIP, WARN, Options, gpu_checks
+from rocm_yolo.doctor import FAIL, OK, SKIP, WARN, Options, checks, gpu_checks
 from rocm_yolo.doctor import cli as doctor_cli
 from rocm_yolo.doctor import system as doctor_system
 from rocm_yolo.ultralytics_rules.data import datasets
@@ -157,7 +157,7 @@ def test_no_gpu_rows_are_skipped_not_failed(tmp_path):
     root = tmp_path / "empty"
     root.mkdir()
     opts = Options(root=root, skip=frozenset({"data", "loader", "kernel", "start", "shm"}))
-    rows = list(doctor_cli.run_all(opts))
+    rows = list(checks.run_all(opts))
     by = rows_by_check(rows)
     assert by["gpu.arch"].status == SKIP and by["gpu.kernel"].status == SKIP and by["conv.selftest"].status == SKIP
     assert doctor.exit_code(rows) == 0 or by["versions.torch"].status == FAIL
@@ -262,7 +262,7 @@ def test_amd_gpu_with_a_non_rocm_torch_is_blocking(tmp_path):
     if kind == "hip":
         pytest.skip("this torch is a ROCm build")
     opts = Options(root=fake_root(tmp_path), skip=frozenset({"shm", "start", "data", "loader", "kernel"}))
-    rows = rows_by_check(doctor_cli.run_all(opts))
+    rows = rows_by_check(checks.run_all(opts))
     fix = rows["versions.torch"].fix
     assert rows["versions.torch"].status == FAIL
     assert "'torch[device-gfx1010]' 'torchvision[device-gfx1010]' --index-url https://stable.repo.amd.com/" in fix

@@ -93,13 +93,16 @@ def test_real_spawn_workers_load_and_record_themselves(installed, tmp_path):
 
 
 def test_workers_fork_from_a_preloaded_server_that_holds_no_gpu_and_runs_no_thread(installed, tmp_path):
+    import multiprocessing.forkserver
+
     from rocm_yolo.trainer.loaders import forkserver
 
+    multiprocessing.forkserver._forkserver._stop()  # a server another test of this process started has no preload
     forkserver.start(tmp_path)  # as the training child does (this test process stands in for the trainer)
     installed(resolve("fast", 2, cpu_count=4).loader, tmp_path)
     dl = DataLoader(DATA, batch_size=4, num_workers=2)
     assert sorted(x for b in dl for x in b[0].tolist()) == list(map(float, range(16)))
-    server = json.loads(forkserver.record_path(tmp_path).read_text())
+    server = json.loads(RunPaths(tmp_path).forkserver().read_text())
     assert server["pid"] == forkserver.server_pid() and server["trainer"] == os.getpid()
     assert server["gpu_files"] == [] and server["native_threads"] == ["python"]  # nothing to inherit
     assert server["preload_error"] is None  # torch and Ultralytics really preloaded

@@ -73,7 +73,7 @@ def test_the_relay_copies_whole_lines_and_keeps_each_ranks_exit_code(tmp_path):
     ranks = [os.open(fifo, os.O_WRONLY) for _ in range(2)]
     for rank, fd in enumerate(ranks):
         os.write(fd, json.dumps({"rank": rank, "seq": 1}).encode() + b"\n")
-        os.write(fd, (launcher.exit_line(rank, rank * errors.USAGE) + "\n").encode())
+        os.write(fd, (heartbeat.exit_line(rank, rank * errors.USAGE) + "\n").encode())
         os.close(fd)
     relay.stop()
     os.close(write_end)
