@@ -11,9 +11,12 @@ LOG := $(VENV)/make.log
 TORCH_SPEC ?=
 TORCH_INDEX ?=
 SOURCES := $(shell find rocm_yolo patches -name '*.py' 2>/dev/null)
+# $(call sq,TEXT): TEXT as one shell word, whatever quotes it holds
+sq = '$(subst ','\'',$(1))'
+CHOOSER = TORCH_SPEC=$(call sq,$(TORCH_SPEC)) TORCH_INDEX=$(call sq,$(TORCH_INDEX)) PYTHONPATH=. $(call sq,$(PYTHON)) -m rocm_yolo.gpu.wheels
 # What pip gets for torch on this machine, shell-quoted (read at parse time, so `make -n` shows it).
-TORCH_ARGS := $(shell TORCH_SPEC='$(TORCH_SPEC)' TORCH_INDEX='$(TORCH_INDEX)' PYTHONPATH=. $(PYTHON) -m rocm_yolo.gpu.wheels --pip-args 2>/dev/null)
-TORCH_WHY := $(shell TORCH_SPEC='$(TORCH_SPEC)' TORCH_INDEX='$(TORCH_INDEX)' PYTHONPATH=. $(PYTHON) -m rocm_yolo.gpu.wheels --why 2>/dev/null)
+TORCH_ARGS := $(shell $(CHOOSER) --pip-args 2>/dev/null)
+TORCH_WHY := $(shell $(CHOOSER) --why 2>/dev/null)
 
 # $(call step,WHAT,COMMAND): run COMMAND, its output kept in $(LOG); on failure one line: which step, and why
 # (the step's first error line, else its last line).
@@ -26,6 +29,7 @@ step = echo "make: $(1)"; ( $(2) ) >$(VENV)/step.log 2>&1; rc=$$?; cat $(VENV)/s
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z]+):.*## /  make \1\t/'
+	@$(have_choice)
 	@echo "  (torch for this machine: pip install $(TORCH_ARGS); override with TORCH_SPEC=... TORCH_INDEX=...)"
 
 demo: $(VENV)/.project ## set up (first time), then train the demo: rocm-yolo train demo --epochs 2 --device cpu
@@ -43,7 +47,9 @@ floorplan: ## print the import cycles among rocm_yolo's modules and folders (non
 export HOLD_TORCH := from importlib import metadata as m; [print(f"{d}=={m.version(d)}") for d in ("torch", "torchvision") if any(True for _ in m.distributions(name=d))]
 
 # the torch choice is needed: without it no step can be right (the chooser's own error says why)
-have_choice = test -n "$(TORCH_ARGS)" || { echo "make: choosing torch failed: $$(PYTHONPATH=. $(PYTHON) -m rocm_yolo.gpu.wheels --pip-args 2>&1 | tail -n 1) (is Python 3.9+ installed as $(PYTHON)?)"; exit 1; }
+have_choice = test -n "$(TORCH_ARGS)" || { why=$$($(CHOOSER) --pip-args 2>&1 | tail -n 1); case "$$why" in \
+	TORCH_*) echo "make: choosing torch failed: $$why";; \
+	*) echo "make: choosing torch failed: $$why (is Python 3.9+ installed as $(PYTHON)?)";; esac; exit 1; }
 
 $(PY):
 	@$(have_choice)

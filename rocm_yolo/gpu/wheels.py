@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import sys
 from dataclasses import dataclass
@@ -117,11 +118,34 @@ def override_note(arch: str) -> str:
     )
 
 
+# A requirement pip takes: a name, extras, version clauses (PEP 508 without markers or URLs)
+_REQUIREMENT = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?([<>=!~]=?=?[A-Za-z0-9.*+!_-]+(,[<>=!~]=?=?[A-Za-z0-9.*+!_-]+)*)?$"
+)
+
+
+class ChoiceError(ValueError):
+    """TORCH_SPEC or TORCH_INDEX is not something pip can take (one line, naming the variable)."""
+
+
 def choose(archs: list[str], env: Mapping[str, str] = os.environ) -> TorchChoice:
     """The torch for a machine with the AMD architectures ``archs`` ([] without an AMD GPU)."""
     spec, index = env.get("TORCH_SPEC", "").split(), env.get("TORCH_INDEX") or None
+    bad = [s for s in spec if not _REQUIREMENT.match(s)]
+    if bad:
+        raise ChoiceError(
+            f"TORCH_SPEC={env['TORCH_SPEC']!r}: {bad[0]!r} is not a pip requirement "
+            "(e.g. TORCH_SPEC='torch==2.14.1 torchvision==0.29.1')"
+        )
+    if index and not re.match(r"^(https?|file)://\S+$", index):
+        raise ChoiceError(
+            f"TORCH_INDEX={index!r} is not an index URL (e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu)"
+        )
     if spec or index:
-        return TorchChoice(tuple(spec or ("torch", "torchvision")), index, "TORCH_SPEC/TORCH_INDEX given", tuple(archs))
+        why = "TORCH_SPEC/TORCH_INDEX given"
+        if index:  # pip's --index-url replaces the default index only
+            why += "; pip also looks in the indexes and links your pip configuration names (pip config list)"
+        return TorchChoice(tuple(spec or ("torch", "torchvision")), index, why, tuple(archs))
     if not archs:
         return TorchChoice(("torch", "torchvision"), None, "no AMD GPU: the package index's default torch")
     wheels = sorted({a for a in archs if a in AMD_WHEEL_ARCHS})
@@ -148,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pip-args", action="store_true", help="print pip's arguments, shell-quoted")
     parser.add_argument("--why", action="store_true", help="print why this torch")
     args = parser.parse_args(argv)
-    choice = for_this_machine()
+    try:
+        choice = for_this_machine()
+    except ChoiceError as e:
+        print(e, file=sys.stderr)
+        return 2
     if args.pip_args or args.why:
         print(shlex.join(choice.pip_args()) if args.pip_args else choice.why)
     else:
