@@ -88,7 +88,7 @@ def seam_env(cpu: bool) -> dict:
     if not cpu:
         return {}
     path = os.pathsep.join(x for x in (str(SEAM), os.environ.get("PYTHONPATH")) if x)
-    return {"PYTHONPATH": path, "ROCM_YOLO_TEST_CPU_DDP": "1"}
+    return {"PYTHONPATH": path, "ROCM_YOLO_TEST_CPU_DDP": "1", "ROCM_YOLO_KFD_ROOT": str(SEAM / "kfd" / "nodes")}
 
 
 def one_run(a, side: str, rnd: int, data: Path, root: Path) -> list[float]:

@@ -139,16 +139,27 @@ def cmd_status(args) -> int:
     return status.main(args.run_dir, as_json=args.json)
 
 
-def _join_option_values(argv: list[str]) -> list[str]:
-    """``--checkpoint-every -1m`` -> ``--checkpoint-every=-1m``: argparse would take ``-1m`` for an option and
-    say only "expected one argument"; joined, the value reaches the check that says what is wrong."""
-    out, it = [], iter(argv)
-    for arg in it:
-        if arg == "--checkpoint-every":
-            value = next(it, None)
-            out.append(arg if value is None else f"{arg}={value}")
-        else:
-            out.append(arg)
+def _join_option_values(parser: Parser, argv: list[str]) -> list[str]:
+    """``--checkpoint-every -1m`` -> ``--checkpoint-every=-1m``, ``--device -1,-1`` -> ``--device=-1,-1``: argparse
+    takes a value that starts with ``-`` (and is no plain negative number) for an option and says only "expected one
+    argument"; joined, the value reaches the check that says what is wrong."""
+    takes_value = {
+        option
+        for sub in [parser, *parser.commands.values()]
+        for action in sub._actions
+        if action.nargs is None and action.option_strings and not isinstance(action, argparse._StoreConstAction)
+        for option in action.option_strings
+    }
+    known = {o for sub in [parser, *parser.commands.values()] for a in sub._actions for o in a.option_strings}
+    out, i = [], 0
+    while i < len(argv):
+        arg, value = argv[i], argv[i + 1] if i + 1 < len(argv) else None
+        if arg in takes_value and value is not None and value.startswith("-") and value.split("=")[0] not in known:
+            out.append(f"{arg}={value}")
+            i += 2
+            continue
+        out.append(arg)
+        i += 1
     return out
 
 
@@ -170,7 +181,7 @@ def _quiet_stdout() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    argv = _join_option_values(sys.argv[1:] if argv is None else list(argv))
+    argv = _join_option_values(parser, sys.argv[1:] if argv is None else list(argv))
     args, extras = parser.parse_known_args(argv)
     # KEY=VALUE may come after options (argparse stops collecting positionals at the first option).
     stray = [x for x in extras if x.startswith("-") or "=" not in x or args.command != "train"]

@@ -13,6 +13,7 @@ from rocm_yolo.process.lifecycle import alive
 from rocm_yolo.run import heartbeat
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.paths import STATE_DIRNAME, RunPaths
+from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.run.supervisor_state import State, SupervisorState, read_state
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.stall import StallDetector
@@ -45,6 +46,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict:
         "hangs": len(sup.hangs) if sup else 0,
         "lost_seconds": sup.lost_seconds if sup else 0.0,
         "recoveries": [asdict(r) for r in sup.recoveries] if sup else [],
+        "detail": sup.detail if sup else None,
     }
     if sup is not None and sup.running and not alive(sup.supervisor_pid):
         info["state"] = "stopped"  # the supervisor is gone without writing a final state (killed -9?)
@@ -59,24 +61,34 @@ def collect(run_dir: Path, now: float | None = None) -> dict:
             it_s=hb.it_s,
             heartbeat_age=round(age, 1),
             attempt=hb.attempt,
+            profile=_profile_of(run_dir, hb.attempt) or info["profile"],  # the attempt's own, not the newest's
         )
         if info["state"] == State.RUNNING.value and hb.phase != "done" and _stalled(hb, sup, now):
             info["state"] = "stalled?"
-        if hb.it_s > 0 and hb.batches and hb.epochs and hb.phase == "train":
+        live = info["state"] in (State.RUNNING.value, "stalled?")  # a speed and an ETA only while it trains
+        if live and hb.it_s > 0 and hb.batches and hb.epochs and hb.phase == "train":
             left = (hb.batches - hb.batch) + (hb.epochs - hb.epoch) * hb.batches
             info["eta_seconds"] = round(left / hb.it_s)
-    ranks = _ranks(RunPaths(run_dir), now) if info.get("phase") != "done" else []  # a finished run: rank 0 says it
+    # a finished run: rank 0 says it; an earlier attempt's ranks (a run resumed on fewer GPUs) are not this one's
+    ranks = _ranks(RunPaths(run_dir), now, hb.attempt) if hb is not None and hb.phase != "done" else []
     if ranks:
         info["ranks"] = ranks
     return info
 
 
-def _ranks(paths: RunPaths, now: float) -> list[dict]:
-    """A multi-GPU run's ranks above 0 (rank 0's heartbeat is the run's), each where it was last heard."""
+def _profile_of(run_dir: Path, attempt: int) -> str | None:
+    try:
+        return RunSpec.load(RunPaths(run_dir).spec(attempt)).profile
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def _ranks(paths: RunPaths, now: float, attempt: int) -> list[dict]:
+    """A multi-GPU run's ranks above 0 (rank 0's heartbeat is the run's) of ``attempt``, each where last heard."""
     found = []
     for rank, path in paths.rank_heartbeats():
         hb = heartbeat.read(path)
-        if hb is not None:
+        if hb is not None and hb.attempt == attempt:
             found.append(
                 {
                     "rank": rank,
@@ -92,19 +104,23 @@ def _ranks(paths: RunPaths, now: float) -> list[dict]:
 
 
 def render(info: dict) -> str:
+    notes = [f"restarted {info['restarts']} times"] if info.get("restarts") else []
+    notes += [info["detail"]] if info.get("detail") else []
     lines = [
         f"run:       {info['run_dir']}",
-        f"state:     {info['state']}" + (f" (restarted {info['restarts']} times)" if info.get("restarts") else ""),
+        f"state:     {info['state']}" + (f" ({'; '.join(notes)})" if notes else ""),
     ]
-    if "epoch" in info and info["phase"] == "done":  # its last batch and speed were the final validation's
+    done = info["state"] == State.FINISHED.value or info.get("phase") == "done"
+    if "epoch" in info and done:  # its last batch and speed were the final validation's
         lines.append(f"progress:  done after epoch {info['epoch']}/{info['epochs']}")
     elif "epoch" in info:
         lines.append(
             f"progress:  epoch {info['epoch']}/{info['epochs']}, "
             f"{info['phase']} batch {info['batch']}/{info['batches']}"
         )
-        eta = info.get("eta_seconds")
-        lines.append(f"speed:     {info['it_s']:.2f} it/s" + (f", ETA {_hms(eta)}" if eta is not None else ""))
+        if info["state"] in (State.RUNNING.value, "stalled?"):  # a stopped run has no speed
+            eta = info.get("eta_seconds")
+            lines.append(f"speed:     {info['it_s']:.2f} it/s" + (f", ETA {_hms(eta)}" if eta is not None else ""))
     if "epoch" in info:
         lines.append(
             f"heartbeat: {info['heartbeat_age']:.0f} s ago (attempt {info['attempt']}, profile {info['profile']})"

@@ -88,6 +88,18 @@ def prepare(data: str | None = None, **kwargs):
     return launch.prepare(request(data, **kwargs))
 
 
+def kfd_tree(base: Path, *versions: int | None) -> Path:
+    """A KFD topology as the amdgpu driver lays it out: a CPU node, then one node per GPU (``gfx_target_version``
+    each, e.g. 110000 for gfx1100); the ``nodes`` directory, for ``ROCM_YOLO_KFD_ROOT``."""
+    nodes = base / "nodes"
+    (nodes / "0").mkdir(parents=True, exist_ok=True)
+    (nodes / "0/properties").write_text("cpu_cores_count 8\ngfx_target_version 0\n")
+    for i, version in enumerate(v for v in versions if v):
+        (nodes / str(i + 1)).mkdir()
+        (nodes / str(i + 1) / "properties").write_text(f"gfx_target_version {version}\nvendor_id 4098\n")
+    return nodes
+
+
 def wait_for(predicate, timeout, what, proc=None, cli=None):
     """Poll ``predicate`` until it holds; fail at once if ``proc`` exits first (with the end of ``cli``'s output)."""
     deadline = time.monotonic() + timeout

@@ -8,7 +8,8 @@ report. Torch-free: every check that needs torch runs in a subprocess under a ti
 - :mod:`.checks`: the registry of checks: their names (``--skip``), their order, their functions;
 - :mod:`.report`: rows, options, statuses, exit codes, the verdict and the output;
 - :mod:`.system`: versions, shared memory and open files, the start method, the kernel log;
-- :mod:`.gpu_checks`: architecture, HSA override, device files and groups, torch's GPU code, the conv self-test;
+- :mod:`.gpu_checks`: architecture, device files and groups, torch's GPU code, the conv self-test;
+- :mod:`.hsa_override`: ``HSA_OVERRIDE_GFX_VERSION`` against each GPU;
 - :mod:`.multigpu`: for more than one GPU, each one's architecture and device, and RCCL's kernel options;
 - :mod:`.data_checks`: every image and label of a data set, per task;
 - :mod:`.loader_probe`: Ultralytics' dataset and a DataLoader, in a single process, then with workers.

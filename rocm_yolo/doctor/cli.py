@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -104,8 +105,8 @@ def options_from_args(args: argparse.Namespace) -> Options:
         raise UsageError(f"--batch {batch} must be >= 1")
     if imgsz < 32:
         raise UsageError(f"--imgsz {imgsz} must be >= 32")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout {args.timeout:g} must be > 0 seconds")
+    if not math.isfinite(args.timeout) or args.timeout <= 0:
+        raise UsageError(f"--timeout {args.timeout:g}: give a finite number of seconds > 0, e.g. --timeout 120")
     if args.profile not in PROFILES:
         raise UsageError(f"unknown profile '{args.profile}': choose one of {', '.join(PROFILES)}")
     root = Path(getattr(args, "root", "/") or "/")

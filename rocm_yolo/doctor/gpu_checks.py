@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Iterator
 
 from rocm_yolo.conv import selftest as convtest
+from rocm_yolo.doctor import hsa_override
 from rocm_yolo.doctor.multigpu import check_multi_gpu
 from rocm_yolo.doctor.report import FAIL, OK, SKIP, WARN, Options, Row
 from rocm_yolo.doctor.system import python_json
 from rocm_yolo.gpu import arch as gpu_arch
 from rocm_yolo.gpu import presets as gpu_presets
 from rocm_yolo.gpu import wheels
-from rocm_yolo.gpu.arch import family, gfx_name, gfx_version, parse_override
+from rocm_yolo.gpu.arch import gfx_name, gfx_version, parse_override
 from rocm_yolo.gpu.torch_build import torch_build
 
 FIX_GROUPS = "sudo usermod -aG render,video $USER, then log out and back in (or reboot)"
@@ -39,69 +40,6 @@ def detect_gpus(opts: Options) -> tuple[list | None, str | None]:
         return gpu_arch.detect_gpus(kfd), None
     except Exception as e:  # noqa: BLE001
         return None, f"{type(e).__name__}: {e}"
-
-
-def override_row(arch: str | None, value: str | None) -> Row:
-    """``HSA_OVERRIDE_GFX_VERSION`` against the card's arch."""
-    check, name = "gpu.override", "HSA override"
-    if not value:
-        return Row(check, name, OK, "HSA_OVERRIDE_GFX_VERSION not set")
-    parsed = parse_override(value)
-    if parsed is None:
-        return Row(
-            check,
-            name,
-            FAIL,
-            f"HSA_OVERRIDE_GFX_VERSION={value} is not of the form X.Y.Z",
-            "unset it (unset HSA_OVERRIDE_GFX_VERSION) or give a version such as 10.3.0",
-        )
-    target = gfx_name(parsed)
-    card = gfx_version(arch) if arch else None
-    data = {"value": value, "runs_as": target, "card": arch}
-    if card is None:
-        return Row(
-            check,
-            name,
-            WARN,
-            f"HSA_OVERRIDE_GFX_VERSION={value} (runs as {target}) but no AMD GPU was detected",
-            "unset it unless you know why it is set",
-            data=data,
-        )
-    fits = family(arch)  # e.g. gfx101x
-    fitting = f"{card[0]}.{card[1]}.0"
-    if parsed == card:
-        return Row(check, name, OK, f"HSA_OVERRIDE_GFX_VERSION={value} matches the {arch} card", data=data)
-    if parsed[:2] == card[:2]:
-        return Row(check, name, OK, f"HSA_OVERRIDE_GFX_VERSION={value} fits the {arch} card ({fits})", data=data)
-    found = f"HSA_OVERRIDE_GFX_VERSION={value} runs the {arch} card as {target}, another family"
-    known = wheels.KNOWN_OVERRIDES.get(fits)
-    if known is not None and known.good and ".".join(map(str, parsed)) in known.crashes:
-        return Row(
-            check,
-            name,
-            WARN,
-            f"{found}, reported to crash {fits} cards",
-            f"use HSA_OVERRIDE_GFX_VERSION={known.good} with a torch that has {arch} code, or unset it "
-            f"({known.source})",
-            data=dict(data, source=known.source),
-        )
-    if parsed[0] == card[0]:
-        return Row(
-            check,
-            name,
-            WARN,
-            found,
-            f"use {fitting}, which fits {fits}, or unset it; keep {value} only if a test run is stable",
-            data=data,
-        )
-    return Row(
-        check,
-        name,
-        FAIL,
-        found + " of another generation: kernels will fault or hang",
-        f"unset HSA_OVERRIDE_GFX_VERSION or set {fitting}",
-        data=data,
-    )
 
 
 def _access(opts: Options, path: Path) -> bool:
@@ -185,7 +123,7 @@ def check_gpu(opts: Options, gpus: list | None, why: str | None) -> Iterator[Row
             data={"gpus": []},
         )
         if env_override:
-            yield override_row(None, env_override)
+            yield hsa_override.override_row(None, env_override)
         return
     desc = ", ".join(g.describe() for g in gpus)
     yield Row(
@@ -200,7 +138,7 @@ def check_gpu(opts: Options, gpus: list | None, why: str | None) -> Iterator[Row
             ]
         },
     )
-    yield override_row(gpus[0].arch, env_override)
+    yield hsa_override.override_rows(gpus, os.environ)
     yield from _device_rows(opts, gpus)
     yield from check_multi_gpu(opts, gpus)
 

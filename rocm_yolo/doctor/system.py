@@ -80,13 +80,16 @@ def torch_kind(build: dict) -> str:
 TORCH_IMPORT_PROBE = "import json, torch; print(json.dumps({'torch': torch.__version__}))"
 
 
+IMPORT_TIMED_OUT = "import torch did not finish"
+
+
 def torch_import_error(opts: Options) -> str | None:
     """Why ``import torch`` fails in a fresh interpreter (its last error line), or None if it works."""
     result, outcome = python_json(opts, TORCH_IMPORT_PROBE, min(opts.timeout, 120))
     if result is not None:
         return None
     if outcome.timed_out:
-        return f"import torch did not finish in {outcome.seconds:.0f} s"
+        return f"{IMPORT_TIMED_OUT} in {outcome.seconds:.0f} s (--timeout {opts.timeout:g})"
     tail = outcome.tail(1)
     return (
         tail[0]
@@ -110,6 +113,16 @@ def check_versions(opts: Options, gpus: list | None, torch_error: str | None = N
             "not installed",
             wheels.choose(archs, env={}).advice(),
             data=data,
+        )
+    elif torch_error is not None and torch_error.startswith(IMPORT_TIMED_OUT):  # the time allowed, not torch
+        yield Row(
+            "versions.torch",
+            "torch",
+            WARN,
+            f"{build['torch'] or 'torch'} at {build['path']}: {torch_error}",
+            "give the doctor more time (--timeout 300): a first import after installing torch can take minutes; "
+            "if it never finishes, something it loads hangs",
+            data=dict(data, error=torch_error),
         )
     elif torch_error is not None:
         yield Row(

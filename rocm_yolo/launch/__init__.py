@@ -11,6 +11,7 @@
 - :mod:`.train_request`: ``TrainRequest``, the request as the user gave it (its options listed once);
 - :mod:`.validation`: ``make_spec``, the request validated into the first attempt's spec;
 - :mod:`.data_path`: DATA and the default model, checked before anything starts;
+- :mod:`.ram_cache`: ``cache=ram`` shared with the workers, loaded in threads, or refused;
 - :mod:`.demo`: the demo data set, written by the tool itself;
 - :mod:`.resume_target`: which run and checkpoint a ``--resume`` continues;
 - :mod:`.claim`: the run directory taken; :mod:`.ownership`: one supervisor per run directory.
@@ -20,9 +21,10 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 
 from rocm_yolo.launch import ownership
-from rocm_yolo.launch.claim import claim, remove_fresh_run
+from rocm_yolo.launch.claim import claim, remove_fresh_run, tidy_unstarted_run
 from rocm_yolo.launch.train_request import TrainRequest
 from rocm_yolo.launch.validation import make_spec
 from rocm_yolo.run.spec import RunSpec
@@ -52,6 +54,7 @@ def run(spec: RunSpec, config: WatchdogConfig, *, user_resume: bool = False) -> 
     that ends in a usage error (the child found the data unusable) leaves no directory.
     """
     ownership.acquire(spec.run_dir)  # held already when the spec was claimed here
+    started = time.time()
     try:
         supervisor = Supervisor(spec, config, user_resume=user_resume)
         previous = supervisor.install_signal_handlers() if threading.current_thread() is threading.main_thread() else {}
@@ -66,4 +69,6 @@ def run(spec: RunSpec, config: WatchdogConfig, *, user_resume: bool = False) -> 
         ownership.release(spec.run_dir)
     if result.state == State.USAGE_ERROR and spec.resume is None:
         remove_fresh_run(spec)
+    if spec.resume is None and not spec.created and result.state != State.FINISHED:
+        tidy_unstarted_run(spec, started)  # a reused folder is the user's: what this run did not get to use goes back
     return result

@@ -9,6 +9,7 @@ from (which may move a damaged ``last.pt`` aside).
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from rocm_yolo.launch import ownership
 from rocm_yolo.launch.resume_target import resume_point
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import RunSpec, next_attempt
+from rocm_yolo.ultralytics_rules.checkpoint import summary
 
 
 def claim(spec: RunSpec) -> RunSpec:
@@ -27,6 +29,8 @@ def claim(spec: RunSpec) -> RunSpec:
     if spec.resume is not None:
         return _claim_resume(spec)
     run_dir, created = _claim_new(Path(spec.run_dir), bool(spec.train_args.get("exist_ok", False)))
+    if not created:  # a reused folder's results.csv: Ultralytics unlinks it; kept aside until an epoch is trained
+        keep_results_aside(RunPaths(run_dir))
     train_args = {**spec.train_args, "project": str(run_dir.parent), "name": run_dir.name, "exist_ok": True}
     attempt = 1 if created else next_attempt(run_dir)  # a reused directory keeps the reports already in it
     return spec.with_changes(run_dir=str(run_dir), train_args=train_args, created=created, attempt=attempt)
@@ -43,25 +47,64 @@ def _claim_new(wanted: Path, exist_ok: bool) -> tuple[Path, bool]:
         found = RunPaths(wanted).checkpoints()
         if found:
             ownership.release(wanted)
-            raise UsageError(
-                f"{wanted} already holds {found[0].relative_to(wanted)}, a checkpoint of another run: continue "
-                f"it with --resume {RunPaths(wanted).last}, or choose another --name"
-            )
+            raise UsageError(_holds_a_run(wanted, found[0]))
         return wanted, False
     path = ownership.claim_run_dir(wanted.parent, wanted.name)
     ownership.acquire(path)
     return path, True
 
 
+def _holds_a_run(run_dir: Path, found: Path) -> str:
+    """Why ``exist_ok=True`` may not reuse ``run_dir``: it holds a run's checkpoint; and what works instead."""
+    finished = summary(found)
+    last = RunPaths(run_dir).last
+    if finished is not None and finished.finished:
+        return (
+            f"{run_dir} holds a run that finished all {finished.epochs} epochs ({found.relative_to(run_dir)}): train "
+            f"it further with --resume {run_dir} --epochs N, or start a new run from its weights with --model {last} "
+            "and another --name"
+        )
+    return (
+        f"{run_dir} holds the checkpoint {found.relative_to(run_dir)} of a run that has not finished: continue it "
+        f"with --resume {run_dir}, or choose another --name"
+    )
+
+
 def _claim_resume(spec: RunSpec) -> RunSpec:
-    resume_point(Path(spec.resume))  # a finished run, or nothing to resume: refused before anything is written
+    epochs = spec.train_args.get("epochs") if "epochs" in spec.user_keys else None  # --resume RUN --epochs N
+    resume_point(Path(spec.resume), epochs)  # a finished run, or nothing to resume: refused before anything is written
     ownership.acquire(spec.run_dir)  # refuses a live run before anything in it is touched
     try:
-        ckpt, note = resume_point(Path(spec.resume)).take()
+        ckpt, note = resume_point(Path(spec.resume), epochs).take()
     except BaseException:
         ownership.release(spec.run_dir)
         raise
     return spec.with_changes(resume=str(ckpt), model=str(ckpt), notes=spec.notes + ((note,) if note else ()))
+
+
+def keep_results_aside(paths: RunPaths) -> None:
+    if paths.results.is_file() and not paths.results_before.exists():
+        os.replace(paths.results, paths.results_before)
+
+
+def tidy_unstarted_run(spec: RunSpec, started: float) -> None:
+    """A new run in a reused folder that trained no epoch (a usage or setup error, a stop, a crash before the first
+    epoch ended): the folder's results.csv back, and no stack file of this run's processes left in it."""
+    paths = spec.paths
+    if paths.results.exists():  # an epoch was trained: the folder is the run's now
+        return
+    if paths.results_before.exists():
+        os.replace(paths.results_before, paths.results)
+    for stack in list(paths.stacks.glob("*.txt")) if paths.stacks.is_dir() else []:
+        try:
+            if stack.stat().st_mtime >= started:  # this run's trainer, fork server or workers
+                stack.unlink()
+        except OSError:
+            continue
+    try:
+        paths.stacks.rmdir()  # if empty
+    except OSError:
+        pass
 
 
 def remove_fresh_run(spec: RunSpec) -> None:

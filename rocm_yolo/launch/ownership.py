@@ -28,7 +28,14 @@ from rocm_yolo.run.paths import RunPaths
 _held: dict[Path, int] = {}  # run directory -> fd of the lock this process holds
 
 
-def _setup_error(what: str, path: Path, error: OSError) -> SetupError:
+def _setup_error(what: str, path: Path, error: OSError) -> SetupError | UsageError:
+    """What the file system refused, naming the file it refused (a file where a folder must be is the user's)."""
+    named = Path(error.filename) if getattr(error, "filename", None) else path
+    if error.errno in (errno.EEXIST, errno.ENOTDIR) and not named.is_dir():
+        return UsageError(
+            f"cannot {what} {path}: {named} is a file where rocm-yolo needs a folder: move it away, or choose "
+            "another --name or --project"
+        )
     advice = {
         errno.EROFS: "a run needs a writable directory: remount it read-write, or choose a writable --project",
         errno.ENOSPC: "free space or choose another --project",
@@ -36,7 +43,8 @@ def _setup_error(what: str, path: Path, error: OSError) -> SetupError:
         errno.EACCES: "check its permissions or choose another --project",
         errno.EPERM: "check its permissions or choose another --project",
     }.get(error.errno, "check the directory")
-    return SetupError(f"cannot {what} {path} ({error.strerror or error}): {advice}")
+    where = f" ({named}: {error.strerror})" if named != path and error.strerror else f" ({error.strerror or error})"
+    return SetupError(f"cannot {what} {path}{where}: {advice}")
 
 
 def claim_run_dir(project: Path, name: str) -> Path:

@@ -14,9 +14,11 @@ from pathlib import Path
 
 from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
 from rocm_yolo.errors import UsageError
+from rocm_yolo.gpu import count
+from rocm_yolo.launch import ram_cache
 from rocm_yolo.launch.data_path import default_model, resolve_data
 from rocm_yolo.launch.demo import DEMO_DEFAULTS
-from rocm_yolo.launch.resume_target import find_resume, trained_on
+from rocm_yolo.launch.resume_target import find_resume, run_args
 from rocm_yolo.launch.train_request import ULTRALYTICS_FLAGS, TrainRequest
 from rocm_yolo.run import devices
 from rocm_yolo.run.interval import DEFAULT_CHECKPOINT_INTERVAL, CheckpointInterval, parse_interval
@@ -24,6 +26,7 @@ from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.profiles import DEFAULT_PROFILE, LOADER_KEYS, resolve
 from rocm_yolo.run.spec import RunSpec, carry_over, latest_spec, next_attempt
 from rocm_yolo.ultralytics_rules import config as ucfg
+from rocm_yolo.ultralytics_rules.resume import RESUME_ALLOWED
 from rocm_yolo.ultralytics_rules.tasks import task_for_model
 
 NOT_KEYS = {"mode": "rocm-yolo always trains", "task": "the task follows the model", "resume": "use --resume [LAST_PT]"}
@@ -40,19 +43,42 @@ def check_name(name: str) -> str:
     return name
 
 
-def check_devices(device: object, batch: object, resumed: bool = False) -> None:
-    """Several GPUs (one DDP rank each): each named once, and a batch that divides by their number (a resume
-    that gives no batch keeps its run's, checked when it started)."""
+def check_devices(device: object, batch: object, batch_source: str = "given") -> None:
+    """GPUs the machine has, each named once, and on several (one DDP rank each) a batch that divides by their
+    number: the batch given, Ultralytics' default, or on a resume the run's own (``batch_source``; a resume keeps
+    its run's global batch, None: unknown)."""
     why = devices.check_list(device)
     if why is not None:
         raise UsageError(why)
     ids = devices.gpu_ids(device)
     if len(set(ids)) != len(ids):
         raise UsageError(f"--device {device}: a GPU is named twice; name each once, e.g. --device {ids[0]}")
-    given = batch is not None
-    why = None if resumed and not given else devices.check_batch(batch if given else ucfg.default("batch"), ids, given)
+    if batch is None and batch_source == "default":
+        batch = ucfg.default("batch")
+    why = devices.check_batch(batch, ids, batch_source) if batch is not None else None
     if why is not None:
         raise UsageError(why)
+    _check_gpus_exist(device, ids)
+
+
+def _check_gpus_exist(device: object, ids: list[str]) -> None:
+    """Every GPU id names a GPU this machine shows a run: the KFD topology, else (on several GPUs) a bounded
+    probe of torch; nothing is refused when neither can tell."""
+    if not ids:
+        return
+    visible = count.visible_gpus() if len(ids) > 1 else count.visible_in_topology()
+    if visible is None or max(int(i) for i in ids) < visible:
+        return
+    if visible == 0:
+        raise UsageError(
+            f"--device {device}: this machine shows no GPU to a run (torch sees none): train with --device cpu, "
+            "or see why with rocm-yolo doctor"
+        )
+    have = ",".join(str(i) for i in range(visible))
+    raise UsageError(
+        f"--device {device} names GPU {max(int(i) for i in ids)}, but this machine shows {visible} "
+        f"(ids {have}): name GPUs it has, e.g. --device {have if visible > 1 else '0'}"
+    )
 
 
 def _with_cfg_file(extra: dict, flags: dict, data: str | None) -> dict:
@@ -193,16 +219,30 @@ def _finish(
     model: str,
     run_dir: Path,
     train_args: dict,
+    task: str | None = None,
     resume: str | None = None,
     attempt: int = 1,
+    saved: dict | None = None,
 ) -> RunSpec:
-    """The spec: the profile resolved with the request's workers and loader settings, the flags as train args."""
+    """The spec: the profile resolved with the request's workers and loader settings, the flags as train args
+    (``saved``: a resumed run's own train arguments, which the resume keeps unless the request gives others)."""
     resolved = resolve(req.profile or DEFAULT_PROFILE, req.flags["workers"], req.loader, val=req.val)
     for key in ("epochs", "imgsz", "batch", "device"):
         if req.flags[key] is not None:
             train_args[key] = req.flags[key]
     train_args.update(req.extra)
-    check_devices(train_args.get("device"), train_args.get("batch"), resumed=resume is not None)
+    if req.flags["batch"] is not None or "batch" in req.extra:
+        batch, source = train_args.get("batch"), "given"
+    else:
+        batch, source = (saved or {}).get("batch"), ("run" if resume is not None else "default")
+    check_devices(train_args.get("device"), batch, source)
+    effective = {**(saved or {}), **train_args}  # what Ultralytics trains with (a resume: the run's, changed)
+    if ram_cache.wants_ram(effective) and task is not None:
+        imgsz = int(effective.get("imgsz") or ucfg.default("imgsz"))
+        profile, line = ram_cache.plan(data_path, task, imgsz, resolved.loader, req.profile is not None)
+        if profile is not None:
+            resolved = resolve(profile, req.flags["workers"], {}, val=req.val)
+        req.notes += [line] if line else []
     return RunSpec(
         data=data_path,
         model=model,
@@ -234,11 +274,34 @@ def _new_run(req: Sorted, model: str, task: str, run_dir: Path) -> RunSpec:
         for key, value in DEMO_DEFAULTS.items():
             if req.flags.get(key) is None and key not in req.extra:
                 req.extra[key] = value
-    return _finish(req, data_path=data_path, model=model, run_dir=run_dir, train_args={"data": data_path})
+    return _finish(req, data_path=data_path, model=model, run_dir=run_dir, train_args={"data": data_path}, task=task)
+
+
+# What a resume honours besides Ultralytics' own whitelist: rocm-yolo sets these on the trainer itself
+# (trainer.callbacks.run_hooks), or they only say where the run is.
+RESUME_HONOURS = RESUME_ALLOWED | {"epochs", "workers", "val", "data", "project", "name", "exist_ok"}
+
+
+def _refuse_what_a_resume_drops(req: Sorted, last: Path) -> None:
+    """A key a resume cannot honour is refused, never silently dropped (Ultralytics' resume keeps the run's)."""
+    if req.flags["model"] is not None:
+        raise UsageError(
+            f"--model {req.flags['model']}: a resume continues the run's own model; drop --model, or start a "
+            "new run from other weights without --resume"
+        )
+    given = sorted((set(req.extra) | {k for k, v in req.flags.items() if v is not None}) - RESUME_HONOURS)
+    if given:
+        key = given[0]
+        value = req.extra.get(key, req.flags.get(key))
+        raise UsageError(
+            f"{key}={value}: a resume keeps the run's {key} (Ultralytics' resume takes it from the checkpoint); "
+            f"to train with another, start a new run from its weights: --model {last} {key}={value}"
+        )
 
 
 def _resumed_run(req: Sorted, resume: str | bool, project_dir: Path) -> RunSpec:
     last = find_resume(resume, project_dir)
+    _refuse_what_a_resume_drops(req, last)
     run_dir = last.parent.parent
     previous = req.carry(run_dir)
     if req.data:
@@ -250,17 +313,20 @@ def _resumed_run(req: Sorted, resume: str | bool, project_dir: Path) -> RunSpec:
         train_args = {"data": data_path}  # a moved data set: say where it is now
     else:
         data_path, train_args = (previous.data if previous else ""), {}
+    saved = run_args(last)  # what the run trained with, as its newest checkpoint says (Ultralytics' resume reads it)
     if req.flags["device"] is None and "device" not in req.extra:
-        # the one Ultralytics resumes on (from the checkpoint): the header and the presets follow it
-        device = (previous.train_args.get("device") if previous else None) or trained_on(last)
-        if device is not None:
-            train_args["device"] = device
+        # the one Ultralytics resumes on: the header and the presets follow it
+        device = (previous.train_args.get("device") if previous else None) or saved.get("device")
+        if device is not None and str(device).strip():
+            train_args["device"] = str(device)
     return _finish(
         req,
         data_path=data_path,
         model=str(last),
         run_dir=run_dir,
         train_args=train_args,
+        task=task_for_model(last if last.exists() or previous is None else previous.model),
         resume=str(last),
         attempt=next_attempt(run_dir),
+        saved=saved,
     )

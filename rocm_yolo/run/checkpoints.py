@@ -185,15 +185,21 @@ def find_latest(project: str | os.PathLike) -> Path | None:
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """Where a resume starts: the checkpoint, a note when it is not ``last.pt``, and a damaged ``last.pt``
-    to move aside (never delete) before the run goes on."""
+    """Where a resume starts: the checkpoint, a note when it is not ``last.pt``, a damaged ``last.pt`` to move
+    aside (never delete) before the run goes on, and for a finished run that trains further, the copy that
+    becomes ``last.pt`` again (``reopen``: the verified copy kept with the optimizer)."""
 
     path: Path
     note: str | None = None
     aside: Path | None = None
+    reopen: Path | None = None
 
     def take(self) -> tuple[Path, str | None]:
-        """Move the damaged file aside (the run is held by now); the checkpoint and the note."""
+        """Move the damaged file aside, or reopen a finished run (the run is held by now); the checkpoint and
+        the note."""
+        if self.reopen is not None:  # last.pt, stripped at the end of training, is the kept copy again
+            copy_atomic(self.reopen, self.path, durable=True)
+            return self.path, self.note
         if self.aside is not None and self.aside.exists():
             kept = self.aside.with_name(self.aside.stem + ".truncated.pt")
             os.replace(self.aside, kept)

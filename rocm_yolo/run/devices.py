@@ -60,9 +60,10 @@ def rank(environ: Mapping[str, str] = os.environ) -> int | None:
         return None
 
 
-def check_batch(batch: object, ids: list[str], given: bool = True) -> str | None:
+def check_batch(batch: object, ids: list[str], source: str = "given") -> str | None:
     """Why ``batch`` cannot be split across the GPUs ``ids`` (Ultralytics gives each rank batch // N), or None.
-    ``given``: the user set it (else it is Ultralytics' default, and the message says so)."""
+    ``source``: where the batch comes from, which the message says: ``given`` (the user's), ``default``
+    (Ultralytics'), ``run`` (the resumed run's own, which a resume keeps)."""
     n = len(ids)
     if n < 2:
         return None
@@ -76,9 +77,15 @@ def check_batch(batch: object, ids: list[str], given: bool = True) -> str | None
             f"--device {','.join(ids)} give a batch that divides by {n}, e.g. {example}"
         )
     if value % n:
-        what = f"batch={value}" if given else f"the default batch {value}"
+        what = {"default": f"the default batch {value}", "run": f"the run's batch {value}"}.get(
+            source, f"batch={value}"
+        )
+        fix = f"use a multiple of {n}, e.g. {example}"
+        if source == "run":  # the global batch stays the run's: a number of GPUs it divides by, or a new batch
+            fits = [k for k in range(2, value + 1) if value % k == 0][:3]
+            fix = f"resume on {' or '.join(map(str, fits)) if fits else 'one'} GPU(s), or give --batch {n * 8}"
         return (
             f"{what} does not divide by the {n} GPUs of --device {','.join(ids)} (each rank trains batch/{n} "
-            f"images): use a multiple of {n}, e.g. {example}"
+            f"images): {fix}"
         )
     return None

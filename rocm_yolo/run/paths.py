@@ -64,6 +64,11 @@ class RunPaths:
         return self.run_dir / "results.before-resume.csv"
 
     @property
+    def results_before(self) -> Path:
+        """A reused directory's results.csv, kept aside while a new run starts (Ultralytics unlinks it)."""
+        return self.run_dir / "results.before-run.csv"
+
+    @property
     def log(self) -> Path:
         return self.run_dir / "rocm-yolo.log"
 

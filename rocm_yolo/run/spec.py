@@ -42,6 +42,11 @@ class RunSpec:
     def paths(self) -> RunPaths:
         return RunPaths(self.run_dir)
 
+    @property
+    def extended_epochs(self) -> int | None:
+        """The epochs a resume trains the run on to (``--resume RUN --epochs N``), or None: the run's own."""
+        return self.train_args.get("epochs") if self.resume and "epochs" in self.user_keys else None
+
     def with_changes(self, **changes) -> "RunSpec":
         return replace(self, **changes)
 

@@ -119,6 +119,7 @@ class SupervisorState:
     hangs: list = field(default_factory=list)  # [Hang]
     recoveries: list = field(default_factory=list)  # [Recovery]
     watchdog: WatchdogSettings | None = None
+    detail: str | None = None  # what else the end says (e.g. "the final validation was interrupted")
 
     @property
     def running(self) -> bool:
@@ -146,6 +147,7 @@ class SupervisorState:
             return None
         scalars = {f.name: data.get(f.name) for f in fields(cls) if f.name not in ("state", "hangs", "recoveries")}
         scalars.pop("watchdog")
+        detail = scalars.pop("detail")
         record = _typed(_Scalars, scalars)
         if record is None:
             return None
@@ -154,6 +156,7 @@ class SupervisorState:
             hangs=[h for h in hangs if h is not None],  # a damaged entry costs only itself
             recoveries=[r for r in recoveries if r is not None],
             watchdog=watchdog,
+            detail=detail if isinstance(detail, str) else None,
             **asdict(record),
         )
 

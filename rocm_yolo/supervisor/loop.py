@@ -42,10 +42,11 @@ from rocm_yolo.supervisor.worklost import WorkLost
 from rocm_yolo.ultralytics_rules.checkpoint import summary
 
 
-def _finished(checkpoint: str) -> bool:
-    """Whether ``checkpoint`` belongs to a run that trained all its epochs (read without torch)."""
-    found = summary(checkpoint)
-    return found is not None and found.finished
+def _finished(spec: RunSpec) -> bool:
+    """Whether the checkpoint ``spec`` resumes belongs to a run that trained all its epochs (all of a resume's
+    ``--epochs N``), read without torch."""
+    found = summary(spec.resume)
+    return found is not None and found.finished_for(spec.extended_epochs)
 
 
 class Supervisor:
@@ -107,7 +108,7 @@ class Supervisor:
                 return self._finish(State.FAILED, spec)
             restarts_left -= 1
             spec = self._restart(spec, restarts_left)
-            if spec.resume and _finished(spec.resume):  # e.g. a crash in the end of training's rewrite
+            if spec.resume and _finished(spec):  # e.g. a crash in the end of training's rewrite
                 self.log.info("the checkpoint shows the run finished all its epochs")
                 tidy_finished(spec, self.log)
                 return self._finish(State.FINISHED, spec)
@@ -299,11 +300,27 @@ class Supervisor:
             self.interrupted, errors.TERMINATED
         )
         name = signal_name(self.interrupted) if self.interrupted else "signal"
-        last = spec.paths.last
+        paths = spec.paths
         self.log.event("interrupted", f"stopped by {name}; the training process tree is gone", signal=name)
-        if last.exists() or spec.paths.mid_checkpoints():
-            self.log.info(f"resume with: rocm-yolo train --resume {last}")
+        found = summary(paths.last) if paths.last.exists() else None
+        if found is not None and found.finished_for(spec.extended_epochs):  # the stop came in the end of training
+            return self._stopped_after_training(spec, code)
+        if paths.last.exists() or paths.mid_checkpoints():
+            self.log.info(f"resume with: rocm-yolo train --resume {paths.last}")
         return self._finish(State.INTERRUPTED, spec, code)
+
+    def _stopped_after_training(self, spec: RunSpec, code: int) -> RunResult:
+        """A stop during the final validation or the final save: every epoch is trained and the weights are final
+        (the final save is atomic), so the run is done; only the final validation did not finish."""
+        paths = spec.paths
+        tidy_finished(spec, self.log)
+        self.result.detail = "the final validation was interrupted"
+        best = paths.best if paths.best.exists() else paths.last
+        self.log.info(
+            f"every epoch was trained and the weights are final ({paths.last}, {paths.best}); the final validation "
+            f"was interrupted: validate with yolo val model={best} data={spec.data}"
+        )
+        return self._finish(State.FINISHED, spec, code)
 
     def _write_state(self, state: State, spec: RunSpec, child_pid: int | None = None) -> None:
         record = SupervisorState(
@@ -317,6 +334,7 @@ class Supervisor:
             hangs=self.result.hangs,
             lost_seconds=round(self.result.lost_seconds, 1),
             recoveries=self.result.recoveries,
+            detail=self.result.detail,
             started=self.started_wall,
             updated=time.time(),
             watchdog=WatchdogSettings(

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run import checkpoints
+from rocm_yolo.run.atomic import copy_atomic
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.profiles import next_profile, resolve
 from rocm_yolo.run.spec import RunSpec, carry_over
@@ -47,22 +46,20 @@ def next_spec(spec: RunSpec, ladder: tuple[str, ...], log: RunLog | None = None)
 
 
 def tidy_finished(spec: RunSpec, log: RunLog) -> None:
-    """A finished run cannot be resumed: its verified resume copy and mid-epoch files only take disk space.
-
-    The copy goes only once both ``last.pt`` and ``best.pt`` load; if ``last.pt`` was moved aside
-    as damaged, the verified copy becomes ``last.pt`` again.
+    """A finished run keeps ``last.pt`` and ``best.pt`` (stripped by the end of training) and the verified copy of its
+    last epoch's save, with the optimizer, from which ``--resume RUN --epochs N`` trains it on; its mid-epoch
+    checkpoints only take disk space. If ``last.pt`` was moved aside as damaged, the verified copy becomes
+    ``last.pt`` again.
     """
     paths = spec.paths
     last, good = paths.last, paths.last_good
     try:
         if not last.exists() and checkpoints.verify(good) is None:
-            os.replace(good, last)
-        elif checkpoints.verify(last) is None and (not paths.best.exists() or checkpoints.verify(paths.best) is None):
-            good.unlink(missing_ok=True)
+            copy_atomic(good, last, durable=True)
         if checkpoints.verify(last) is None:  # mid-epoch checkpoints of a finished run: nothing to continue
             checkpoints.remove_mid_checkpoints(paths)
     except OSError as e:  # housekeeping only: the weights are there either way
-        log.info(f"could not tidy {good}: {e.strerror or e}")
+        log.info(f"could not tidy {paths.weights}: {e.strerror or e}")
 
 
 def last_loadable(spec: RunSpec):

@@ -54,6 +54,7 @@ class RunResult:
     lost_seconds: float = 0.0  # to hangs: detection + restart + batches trained again
     wall_seconds: float = 0.0
     recoveries: list = field(default_factory=list)  # [Recovery], one per restart (supervisor.worklost)
+    detail: str | None = None  # what else the end says (e.g. "the final validation was interrupted")
 
     @property
     def last(self) -> Path:

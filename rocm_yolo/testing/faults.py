@@ -49,7 +49,8 @@ CONV_AT_START = ("conv-raise", "conv-abort", "conv-hang")
 CONV = CONV_AT_START + ("conv-slow", "conv-half-inference")
 SLOW_CONV_SECONDS = 0.02  # what conv-slow adds to every convolution
 FINAL_SAVE = ("final-save-stop", "final-save-kill")  # @last or @best: the end of training's rewrite of that file
-KINDS = TRAINING + CONV + FINAL_SAVE
+FINAL_VAL = ("final-val-stop",)  # the supervisor is stopped (SIGTERM) during the end of training's validation
+KINDS = TRAINING + CONV + FINAL_SAVE + FINAL_VAL
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ def parse(text: str | None) -> list[Fault]:
             if where not in ("last", "best"):
                 raise ValueError(f"{ENV}: {kind} needs the file it stops the rewrite of: {kind}@last or {kind}@best")
             out.append(Fault(kind, where=where))
+        elif kind in FINAL_VAL:
+            out.append(Fault(kind))
         elif where == "setup" and kind == "bug":
             out.append(Fault(kind, where="setup"))
         elif where:
@@ -254,8 +257,8 @@ class Injector:
         self.faults = [
             f
             for f in faults
-            if f.kind in TRAINING and f.kind != "save-kill" and f.rank in (None, self.rank)  # save-kill: its writer
-        ]
+            if f.kind in TRAINING + FINAL_VAL and f.kind != "save-kill" and f.rank in (None, self.rank)  # save-kill:
+        ]  # its writer
         self.paths = paths
         self.batch = 0
         self.trigger = paths.fault_trigger_of(self.rank)  # this rank's workers watch it
@@ -271,6 +274,16 @@ class Injector:
 
     def on_train_epoch_start(self, trainer) -> None:
         self.batch = 0
+
+    def on_val_batch_end(self, validator) -> None:
+        """``final-val-stop``: in the end of training's validation (not an epoch's), stop the run as Ctrl-C would."""
+        if getattr(validator, "training", True):
+            return
+        for f in self.faults:
+            if f.kind == "final-val-stop" and self._claim(f):
+                os.kill(os.getppid(), signal.SIGTERM)  # the supervisor stops the tree: SIGTERM reaches us here
+                while True:
+                    time.sleep(0.05)
 
     def resumed_at(self, batch: int) -> None:
         """The epoch continues after ``batch`` batches trained before a restart (a mid-epoch checkpoint)."""

@@ -34,12 +34,13 @@ def train_args(spec: RunSpec, presets: dict, log: RunLog, ckpt: dict | None = No
     ckpt = ckpt or {}
     saved = dict(ckpt.get("train_args") or {})
     epoch, epochs = ckpt.get("epoch", -1), saved.get("epochs")
+    target = spec.extended_epochs or epochs  # --resume RUN --epochs N trains on to N
     position = MidEpochState.of(ckpt)  # a mid-epoch checkpoint: "epoch" is the last completed one (-1 in the first)
-    if finished(epoch, epochs, position is not None):
+    if finished(epoch, target, position is not None):
         raise RunFinished(already_finished(spec.run_dir, epochs))
     trim_results(spec.paths.results, spec.paths.results_backup, epoch + 1, log)
     changed = [f"{k} {saved.get(k)!r} -> {args[k]!r}" for k in RESUME_REPORTED if k in args and saved.get(k) != args[k]]
-    where = f"epoch {epoch + 2}/{epochs}" if position is None else position.describe(epochs)
+    where = f"epoch {epoch + 2}/{target}" if position is None else position.describe(target)
     log.event(
         "resume",
         f"resuming {spec.resume} from {where} with profile '{spec.profile}'"
@@ -49,7 +50,8 @@ def train_args(spec: RunSpec, presets: dict, log: RunLog, ckpt: dict | None = No
         batch=position.batch if position else 0,
         changed=changed,
     )
-    keep = {k: v for k, v in args.items() if k in spec.user_keys or k in ("workers", "val")}
+    # epochs: set on the trainer by the run hooks (Ultralytics' resume would drop it with a warning)
+    keep = {k: v for k, v in args.items() if (k in spec.user_keys or k in ("workers", "val")) and k != "epochs"}
     return {**keep, "resume": spec.resume, "save_dir": spec.run_dir}
 
 

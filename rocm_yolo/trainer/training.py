@@ -22,6 +22,7 @@ def setup_and_train(spec: RunSpec, log: RunLog) -> int:
 
 def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
     """rocm-yolo's callback owners in the order they run, and the run hooks among them."""
+    from rocm_yolo.trainer.callbacks.good_copy import GoodCopy
     from rocm_yolo.trainer.callbacks.heartbeat_writer import HeartbeatWriter
     from rocm_yolo.trainer.callbacks.run_hooks import RunHooks
     from rocm_yolo.trainer.checkpointing.restore import MidEpochResume
@@ -41,21 +42,15 @@ def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
     testing = hooks.trainer_callbacks(paths, spec.attempt)  # [] unless a test asked for faults or a recording
     order = TrainOrder(log)
     requested = {k: spec.train_args[k] for k in ("batch", "imgsz") if k in spec.train_args}
-    save = MidEpochSave(
-        paths,
-        log,
-        parse_interval(spec.checkpoint_every),
-        order,
-        saved_epoch=lambda: run_hooks.verified_epoch,
-        requested=requested,
-    )
+    save = MidEpochSave(paths, log, parse_interval(spec.checkpoint_every), order, requested=requested)
+    good_copy = GoodCopy(log, on_verified=(save.verified,) if rank == 0 else ())
     listeners = [heartbeat.resumed_at, save.resumed_at] + [t.resumed_at for t in testing if hasattr(t, "resumed_at")]
     mid_resume = MidEpochResume(
         log, order, on_resumed=tuple(listeners), supported=lambda: not compat.missing_for(compat.MID_EPOCH_FEATURE)
     )
     # the mid-epoch ones last: a resumed epoch moves the others' batch counters after they reset them
     writers = [save] if rank == 0 else []  # the other ranks resume from rank 0's checkpoints, and write none
-    return [run_hooks, heartbeat, *testing, *writers, mid_resume], run_hooks
+    return [run_hooks, good_copy, heartbeat, *testing, *writers, mid_resume], run_hooks
 
 
 def train(spec: RunSpec, env: Environment, log: RunLog) -> int:

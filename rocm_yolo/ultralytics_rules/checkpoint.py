@@ -32,6 +32,15 @@ class Summary:
         """Every epoch is trained: Ultralytics' resume would refuse it."""
         return finished(self.epoch, self.epochs, self.mid_epoch)
 
+    @property
+    def stripped(self) -> bool:
+        """The end of training's rewrite (``strip_optimizer``): no optimizer, ``epoch`` -1; it cannot be resumed."""
+        return not self.mid_epoch and (self.epoch is None or self.epoch < 0)
+
+    def finished_for(self, target: int | None) -> bool:
+        """Every epoch of ``target`` (a resume's ``--epochs``; None: the run's own) is trained."""
+        return finished(self.epoch, max(self.epochs or 0, target or 0) or None, self.mid_epoch)
+
 
 def finished(epoch, epochs, mid_epoch: bool) -> bool:
     """Whether a checkpoint with these fields belongs to a run that has trained all its epochs."""
@@ -57,8 +66,9 @@ def summary(path: str | Path) -> Summary | None:
 
 
 def already_finished(run_dir: str | Path, epochs: object) -> str:
-    """Why a resume of a run that trained all its epochs is refused, and what to do instead."""
+    """Why a resume of a run that trained all its epochs is refused, and what works instead."""
     return (
-        f"the run in {run_dir} has already finished all {epochs} epochs: nothing to resume "
-        "(start a new run without --resume to train again)"
+        f"the run in {run_dir} has already finished all {epochs} epochs: train it further with "
+        f"--resume {run_dir} --epochs N (N > {epochs}), or start a new run from its weights with "
+        f"--model {Path(run_dir) / 'weights' / 'last.pt'}"
     )

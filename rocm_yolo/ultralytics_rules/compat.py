@@ -39,6 +39,7 @@ CALLBACK_EVENTS = (
     "on_train_batch_start",
     "on_train_batch_end",
     "on_train_epoch_end",
+    "on_fit_epoch_end",
     "on_val_start",
     "on_val_batch_end",
     "on_model_save",

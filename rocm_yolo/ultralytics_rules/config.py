@@ -31,7 +31,7 @@ class UltralyticsConfig:
     version: str
 
 
-def _package_dir() -> Path:
+def package_dir() -> Path:
     spec = importlib.util.find_spec("ultralytics")  # finds the package without importing it
     if spec is None or not spec.submodule_search_locations:
         raise UsageError("ultralytics is not installed: pip install ultralytics")
@@ -42,7 +42,7 @@ def _package_dir() -> Path:
 def load() -> UltralyticsConfig:
     import yaml
 
-    root = _package_dir()
+    root = package_dir()
     defaults = yaml.safe_load((root / "cfg" / "default.yaml").read_text(encoding="utf-8"))
     sets: dict[str, object] = {}
     tree = ast.parse((root / "cfg" / "__init__.py").read_text(encoding="utf-8"))

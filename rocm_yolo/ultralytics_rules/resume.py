@@ -28,4 +28,11 @@ RESUME_ALLOWED = frozenset(
         "save_dir",
     }
 )
-RESUME_REPORTED = ("workers", "val", "batch", "imgsz", "device")  # the resume line names these when they change
+RESUME_REPORTED = (
+    "epochs",
+    "workers",
+    "val",
+    "batch",
+    "imgsz",
+    "device",
+)  # the resume line names these when they change

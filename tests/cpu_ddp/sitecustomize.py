@@ -14,6 +14,10 @@ machine would decide differently, and nothing else:
   rank and world size.
 - **``device_ids``**: ``DistributedDataParallel`` gets none for a module on the CPU.
 
+Beside it, ``kfd/nodes`` is the topology of a machine with two GPUs (gfx1100, no presets),
+for ``ROCM_YOLO_KFD_ROOT``: rocm-yolo's own check that the GPUs named exist reads the KFD topology,
+as on an AMD machine (:mod:`rocm_yolo.gpu.count`), and so does every process of the run.
+
 Everything else is real: ``torch.distributed.run``, the ranks, the all-reduce, the
 ``DistributedSampler``. One difference from a GPU machine remains. The process that
 launches the ranks runs the ``on_pretrain_routine_start`` callbacks, because the world size

@@ -36,6 +36,7 @@ def cli(tmp_path) -> Cli:
     cli = Cli(tmp_path)
     cli.env["PYTHONPATH"] = os.pathsep.join(x for x in (str(SEAM), os.environ.get("PYTHONPATH")) if x)
     cli.env["ROCM_YOLO_TEST_CPU_DDP"] = "1"
+    cli.env["ROCM_YOLO_KFD_ROOT"] = str(SEAM / "kfd" / "nodes")  # two GPUs, as the seam's ranks are
     return cli
 
 
@@ -125,6 +126,9 @@ def test_rank_1_stuck_before_a_collective_then_killed_recovers_each_time(cli, ti
     assert [e["profile"] for e in restarts] == ["safe", "threads"]
     assert restarts[1]["resume"].endswith("weights/last.pt")  # the end of epoch 1
     assert "done: 2 epochs" in r.stdout and checkpoints.verify(run / "weights" / "last.pt") is None
+    assert (
+        "resource_tracker" not in r.stdout
+    )  # the killed rank's semaphores: no multiprocessing warning on the terminal
 
 
 def test_ctrl_c_then_sigkill_of_the_resumed_supervisor_leave_no_rank_and_status_shows_each_rank(

@@ -65,12 +65,13 @@ def test_a_failed_run_leaves_a_folder_it_did_not_create_as_it_was(cli, tiny_data
 
 @pytest.fixture(scope="module")
 def final_runs(tmp_path_factory, tiny_data):
-    """A 1-epoch run stopped (SIGTERM to its supervisor) while rewriting last.pt, and one whose trainer is
-    SIGKILLed while rewriting best.pt, each halfway through the file."""
+    """A 1-epoch run stopped (SIGTERM to its supervisor) while rewriting last.pt, one whose trainer is
+    SIGKILLed while rewriting best.pt, each halfway through the file, and one stopped during the final validation."""
     root = tmp_path_factory.mktemp("final")
     cli = Cli(root)
     out = {}
-    for name, fault in (("stopped", "final-save-stop@last"), ("killed", "final-save-kill@best")):
+    runs = (("stopped", "final-save-stop@last"), ("killed", "final-save-kill@best"), ("val", "final-val-stop"))
+    for name, fault in runs:
         out[name] = cli.run(
             "train",
             str(tiny_data),
@@ -87,15 +88,23 @@ def final_runs(tmp_path_factory, tiny_data):
     cli.kill_all()
 
 
-def test_a_stop_halfway_through_the_final_rewrite_leaves_loadable_checkpoints(final_runs):
+@pytest.mark.parametrize("name, fault", [("stopped", "final-save-stop"), ("val", "final-val-stop")])
+def test_a_stop_in_the_end_of_training_says_the_run_is_done_and_what_remains(final_runs, tmp_path, name, fault):
+    """A stop halfway through the final rewrite of last.pt, or during the final validation: every epoch is trained
+    and the weights load, so the run is done (exit 143 for the stop), status says so, the advice is a validation
+    that works (never a resume that is refused), and the copy with the optimizer stays for --resume --epochs."""
     root, cli, out = final_runs
-    r = out["stopped"]
+    r = out[name]
     assert r.returncode == errors.TERMINATED, r.stdout[-3000:]
-    paths = RunPaths(root / "runs" / "detect" / "stopped")
-    assert (paths.state / "fault-final-save-stop.fired").exists()  # the stop did land in the rewrite
+    paths = RunPaths(root / "runs" / "detect" / name)
+    assert (paths.state / f"fault-{fault}.fired").exists()  # the stop did land where it was meant to
     assert checkpoints.verify(paths.last) is None and loads(paths.last) and loads(paths.best)
     assert not list(paths.weights.glob(".*.tmp")) and cli.leftovers() == []
-    assert f"resume with: rocm-yolo train --resume {paths.last}" in r.stdout
+    assert "resume with" not in r.stdout and "every epoch was trained and the weights are final" in r.stdout
+    assert f"validate with yolo val model={paths.best}" in r.stdout
+    assert read_state(paths.run_dir).state == "finished" and paths.last_good.exists()
+    status = Cli(tmp_path).run("status", str(paths.run_dir), timeout=60).stdout
+    assert "state:     finished (the final validation was interrupted)" in status and "done after epoch 1/1" in status
 
 
 def test_resuming_the_stopped_run_says_it_finished_and_writes_nothing(final_runs, tmp_path):
@@ -103,7 +112,9 @@ def test_resuming_the_stopped_run_says_it_finished_and_writes_nothing(final_runs
     run = root / "runs" / "detect" / "stopped"
     before = files_of(run)
     r = Cli(tmp_path).run("train", "--resume", str(run / "weights" / "last.pt"), timeout=60)
-    assert "has already finished all 1 epochs: nothing to resume" in one_error_line(r, errors.USAGE, "error:")
+    assert "has already finished all 1 epochs: train it further with --resume" in one_error_line(
+        r, errors.USAGE, "error:"
+    )
     assert files_of(run) == before  # no spec-2.json, no moved file, supervisor.json as it was
 
 
@@ -115,7 +126,7 @@ def test_a_sigkill_halfway_through_the_final_rewrite_is_finished_by_the_watchdog
     assert "the checkpoint shows the run finished all its epochs" in r.stdout
     assert [p.name for p in paths.specs()] == ["spec-1.json"]  # decided from the checkpoint: no second trainer
     assert loads(paths.last) and loads(paths.best) and read_state(paths.run_dir).state == "finished"
-    assert not paths.last_good.exists()  # dropped once both load
+    assert loads(paths.last_good)  # kept, with the optimizer: --resume RUN --epochs N trains on from it
 
 
 # --------------------------------------------------------------------------- 3. cfg= into another run
@@ -204,8 +215,8 @@ def test_a_val_folder_without_images_is_the_users_error(cli, tiny_data, tmp_path
     yaml.write_text(yaml.read_text().replace(str(tiny_data.parent), str(tmp_path / "d")))
     r = cli.run("train", str(yaml), "--epochs", "1", "--workers", "0", *TINY)
     line = one_error_line(r, errors.USAGE, "error:")
-    assert "No images found" in line or "Error loading data" in line
-    assert "internal error" not in r.stdout and cli.leftovers() == []
+    assert "val: " in line and "holds no images" in line  # before any process starts
+    assert "internal error" not in r.stdout and not (tmp_path / "runs").exists() and cli.leftovers() == []
 
 
 @pytest.mark.skipif(torch.cuda.device_count() > 7, reason="this machine has a GPU 7")

@@ -63,6 +63,7 @@ def test_profiles_command_lists_every_setting():
         (["--conv", "magic"], "invalid choice: 'magic'"),
         (["workers=2", "--workers", "3"], "'workers' is given twice"),
         (["--epocs", "2"], "unrecognized arguments: --epocs 2 (did you mean --epochs?) (see 'rocm-yolo train --help')"),
+        (["--device", "-1,-1"], "--device -1,-1: several devices must be GPU ids"),  # a value that starts with -
     ],
 )
 def test_usage_errors_are_one_line_exit_2(args, message, tiny_data, tmp_path):

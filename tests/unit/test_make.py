@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import kfd_tree
 from rocm_yolo.doctor import FAIL, OK, Options
 from rocm_yolo.doctor import system as doctor_system
 from rocm_yolo.gpu import arch, wheels
@@ -32,17 +33,6 @@ CASES = {
     "gfx90a": (90010, f"'torch[device-gfx90a]' 'torchvision[device-gfx90a]' --index-url {AMD}"),
     "no GPU": (None, "torch torchvision"),
 }
-
-
-def kfd_tree(base: Path, *versions: int | None) -> Path:
-    """A KFD topology as the amdgpu driver lays it out: a CPU node, then one node per GPU."""
-    nodes = base / "nodes"
-    (nodes / "0").mkdir(parents=True, exist_ok=True)
-    (nodes / "0/properties").write_text("cpu_cores_count 8\ngfx_target_version 0\n")
-    for i, version in enumerate(v for v in versions if v):
-        (nodes / str(i + 1)).mkdir()
-        (nodes / str(i + 1) / "properties").write_text(f"gfx_target_version {version}\nvendor_id 4098\n")
-    return nodes
 
 
 @pytest.fixture

@@ -144,3 +144,35 @@ def test_each_rank_of_a_multi_gpu_run_is_shown_where_it_was_last_heard(tmp_path)
     assert "rank 1:    epoch 2, train batch 11/16, 40 s ago (attempt 2)" in text
     paths.heartbeat.write_text(json.dumps(dict(beat, phase="done")))
     assert "rank 1" not in status.render(status.collect(paths.run_dir, now=NOW))  # finished: rank 0 says it
+
+
+def test_a_stopped_run_has_no_speed_and_the_profile_is_its_attempts_own(tmp_path):
+    """An interrupted, failed or broken run shows where it stopped, not a speed or an ETA; the heartbeat's attempt
+    is named with the profile that attempt ran on (its spec), not the newest attempt's."""
+    for state in ("interrupted", "failed", "internal_error"):
+        paths = write_run(tmp_path, state=state)
+        text = status.render(status.collect(paths.run_dir, now=NOW))
+        assert "progress:  epoch 2/3, train batch 12/16" in text and "it/s" not in text and "ETA" not in text
+    from rocm_yolo.run.profiles import resolve
+    from rocm_yolo.run.spec import RunSpec
+
+    spec = RunSpec("d.yaml", "m.yaml", str(paths.run_dir), "fast", resolve("fast", 2).loader, True, {}, attempt=2)
+    spec.save()  # attempt 2 (the heartbeat's) ran on fast; supervisor.json's newest profile is safe
+    assert "(attempt 2, profile fast)" in status.render(status.collect(paths.run_dir, now=NOW))
+
+
+def test_a_run_whose_final_validation_was_stopped_is_done_and_says_so(tmp_path):
+    paths = write_run(tmp_path, state="finished", phase="val")
+    record = json.loads(paths.supervisor.read_text())
+    paths.supervisor.write_text(json.dumps(dict(record, detail="the final validation was interrupted")))
+    text = status.render(status.collect(paths.run_dir, now=NOW))
+    assert "state:     finished (restarted 1 times; the final validation was interrupted)" in text
+    assert "progress:  done after epoch 2/3" in text and "val batch" not in text
+
+
+def test_ranks_of_an_earlier_attempt_are_not_this_attempts(tmp_path):
+    """A run resumed from two GPUs onto one keeps the old heartbeat-rank1.json: not a rank of this attempt."""
+    paths = write_run(tmp_path)
+    beat = json.loads(paths.heartbeat.read_text())
+    paths.heartbeat_of(1).write_text(json.dumps(dict(beat, rank=1, pid=78, attempt=1, time=NOW - 922)))
+    assert "rank 1" not in status.render(status.collect(paths.run_dir, now=NOW))

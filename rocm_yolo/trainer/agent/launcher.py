@@ -47,6 +47,7 @@ from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import RunSpec
 
+QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
 # what a rank's exit code says, most telling first: a user error or a finished run is no crash to retry
 TELLING = (errors.USAGE, errors.CHILD_FINISHED, errors.SETUP, errors.INTERNAL)
 
@@ -167,6 +168,9 @@ def launch(spec: RunSpec, spec_path: str, log: RunLog) -> int:
     relay = Relay(fifo, int(out_fd) if out_fd and out_fd.isdigit() else None)
     env = {k: v for k, v in os.environ.items() if k != environment.HEARTBEAT_FD}
     env[environment.HEARTBEAT_FIFO] = str(fifo)
+    # A rank killed by the watchdog leaves its semaphores to multiprocessing's resource tracker, whose warning
+    # about them would reach the terminal: the run says what happened in rocm-yolo's own lines.
+    env["PYTHONWARNINGS"] = ",".join(x for x in (os.environ.get("PYTHONWARNINGS"), QUIET_TRACKER) if x)
     log.event(
         "ddp_launch",
         f"{ranks} ranks, one per GPU of --device {spec.train_args.get('device')}: torch.distributed.run "

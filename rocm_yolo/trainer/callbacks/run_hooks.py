@@ -9,7 +9,6 @@
   Ultralytics' ``InfiniteDataLoader`` keeps one iterator for the whole run, so
   ``persistent_workers=False`` alone changes nothing; ``reset()`` closes the old workers and
   the next epoch's first batch starts new ones.
-- ``on_model_save`` keeps a verified copy of ``last.pt`` (``verified_epoch`` says which epoch's).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from __future__ import annotations
 import functools
 
 from rocm_yolo.patches import dataloader as loader_patch
-from rocm_yolo.run import checkpoints
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.spec import RunSpec
 
@@ -30,7 +28,6 @@ class RunHooks:
         self.training_started = False
         self.epoch_started = False
         self.recorded_epoch: int | None = None
-        self.verified_epoch: int | None = None  # the epoch (0-based) whose last.pt was saved and verified last
 
     # setup ---------------------------------------------------------------------------------
     def on_pretrain_routine_start(self, trainer) -> None:
@@ -45,6 +42,10 @@ class RunHooks:
         args.val = self.spec.val
         for key, value in self.arg_presets.items():
             setattr(args, key, value)
+        epochs = self.spec.extended_epochs
+        if epochs is not None and epochs != args.epochs:  # --resume RUN --epochs N: Ultralytics' resume kept its own
+            args.epochs = trainer.epochs = epochs  # before the scheduler is built: its schedule follows N
+            _save_args(trainer)
         original = trainer.get_dataloader
 
         @functools.wraps(original)
@@ -86,13 +87,12 @@ class RunHooks:
     def on_val_start(self, validator) -> None:
         self._fresh_workers(getattr(validator, "dataloader", None))
 
-    def on_model_save(self, trainer) -> None:
-        try:
-            good = checkpoints.keep_good_copy(trainer.last)
-        except OSError as e:
-            self.log.info(f"could not keep a verified copy of {trainer.last}: {e}")
-            return
-        if good is None:
-            self.log.info(f"{trainer.last} failed verification right after the save; kept the previous copy")
-        else:
-            self.verified_epoch = trainer.epoch
+
+def _save_args(trainer) -> None:
+    """Ultralytics' args.yaml again, as it writes it in ``BaseTrainer.__init__``, now that the arguments changed."""
+    try:
+        from ultralytics.utils import YAML
+
+        YAML.save(trainer.save_dir / "args.yaml", vars(trainer.args))
+    except Exception:  # noqa: BLE001 - a record for the user; training does not depend on it
+        pass

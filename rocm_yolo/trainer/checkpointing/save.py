@@ -18,7 +18,6 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -87,7 +86,6 @@ class MidEpochSave:
         interval: CheckpointInterval,
         order: TrainOrder,
         *,
-        saved_epoch: Callable[[], int | None] = lambda: None,
         clock=time.monotonic,
         requested: dict | None = None,
     ):
@@ -95,7 +93,6 @@ class MidEpochSave:
         self.log = log
         self.interval = interval
         self.order = order
-        self.saved_epoch = saved_epoch  # the last epoch whose last.pt was saved and verified (0-based)
         self.clock = clock
         self.requested = dict(requested or {})  # batch/imgsz as the run asked for them, before Ultralytics' changes
         self.epoch_first_batch = False
@@ -167,13 +164,15 @@ class MidEpochSave:
         self.join()  # a mid-epoch file is always older than the epoch's last.pt
 
     def on_model_save(self, trainer) -> None:
-        """After an end-of-epoch save: once its last.pt is verified, the epoch's mid-epoch files go."""
+        """After an end-of-epoch save: the interval starts again (the epoch's files go once its copy is verified)."""
         self.join()
         self.since_save = 0
         self.last_save = self.clock()
-        saved = self.saved_epoch()
-        if saved is not None and saved == trainer.epoch:
-            checkpoints.remove_mid_checkpoints(self.paths, through_epoch=trainer.epoch + 1)
+
+    def verified(self, epoch: int) -> None:
+        """The end-of-epoch ``last.pt`` of ``epoch`` (0-based) was saved and verified: that epoch's mid-epoch files
+        go (:class:`rocm_yolo.trainer.callbacks.good_copy.GoodCopy` says so, from its thread)."""
+        checkpoints.remove_mid_checkpoints(self.paths, through_epoch=epoch + 1)
 
     def on_train_end(self, trainer) -> None:
         self.join()

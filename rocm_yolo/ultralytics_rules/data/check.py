@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rocm_yolo.ultralytics_rules.data.classify import first_images, load_classify_spec
-from rocm_yolo.ultralytics_rules.data.datasets import DataError, label_path, load_spec, sample_images
+from rocm_yolo.ultralytics_rules.data.datasets import DataError, label_path, load_spec, sample_images, symlink_loops
 from rocm_yolo.ultralytics_rules.data.labels import check_image, check_label, label_format
 from rocm_yolo.ultralytics_rules.tasks import CLASSIFY, DETECT, OBB, POSE, SEGMENT
 
@@ -34,6 +34,13 @@ def check_for_training(data: Path, task: str) -> list[str]:
     notes = []
     for split in ("train", "val"):
         files = sample_images(spec.splits.get(split, []), SAMPLE)
+        _check_split(split, spec.splits.get(split, []), files)
+        loops = symlink_loops(spec.splits.get(split, []))
+        if loops:
+            notes.append(
+                f"data: {loops[0]} is a link to a folder above it: Ultralytics lists the images below it again and "
+                "again, under names no label file has (remove the link)"
+            )
         found = [(f, check_label(label_path(f), nc, fmt)) for f in files]
         labelled = [(f, p) for f, p in found if not (p and p[0] == "nolabel")]
         problems = [p for _, p in labelled if p]
@@ -57,6 +64,20 @@ def check_for_training(data: Path, task: str) -> list[str]:
                 f"{label_path(files[0])}): Ultralytics trains on them as backgrounds"
             )
     return notes
+
+
+def _check_split(split: str, entries: list[Path], sample: list[str]) -> None:
+    """A train or val split that is missing, or that holds no image: Ultralytics refuses it once the child has
+    started (and, for a new run, unlinked a results.csv of the folder): refuse it before anything starts."""
+    missing = [str(p) for p in entries if not p.exists()]
+    if missing:
+        raise DataError(f"{split}: {missing[0]} not found: fix the path ({split}: in the YAML, relative to path:)")
+    if not sample:
+        where = ", ".join(str(p) for p in entries) or "(nothing)"
+        raise DataError(
+            f"{split}: {where} holds no images (jpg, png, ...): put the {split} images there, or point {split}: "
+            "at a folder or list that has them"
+        )
 
 
 def _check_classify(path: Path) -> list[str]:

@@ -186,6 +186,23 @@ def sample_images(entries: list[Path], count: int) -> list[str]:
     return found
 
 
+def symlink_loops(entries: list[Path]) -> list[str]:
+    """Links in a split's folders that lead back to a folder above them: Ultralytics' recursive glob follows them and
+    lists the same images again and again (under names no label file has)."""
+    loops = []
+    for entry in entries:
+        if not entry.is_dir():
+            continue
+        for top, dirs, _ in os.walk(entry, followlinks=False):
+            here = os.path.realpath(top)
+            for name in dirs:
+                link = os.path.join(top, name)
+                target = os.path.realpath(link)
+                if os.path.islink(link) and (here == target or here.startswith(target + os.sep)):
+                    loops.append(link)
+    return loops
+
+
 def label_path(image: str) -> str:
     sa, sb = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
     return sb.join(image.rsplit(sa, 1)).rsplit(".", 1)[0] + ".txt"

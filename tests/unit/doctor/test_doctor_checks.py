@@ -15,7 +15,7 @@ import pytest
 from helpers import rows_by_check
 from rocm_yolo import doctor
 from rocm_yolo.cli import build_parser
-from rocm_yolo.doctor import FAIL, OK, SKIP, WARN, Options, checks, gpu_checks
+from rocm_yolo.doctor import FAIL, OK, SKIP, WARN, Options, checks, gpu_checks, hsa_override
 from rocm_yolo.doctor import cli as doctor_cli
 from rocm_yolo.doctor import system as doctor_system
 from rocm_yolo.ultralytics_rules.data import datasets
@@ -87,7 +87,7 @@ def test_conclusion_and_exit_code():
     ],
 )
 def test_hsa_override_against_arch(arch, value, status, words):
-    row = gpu_checks.override_row(arch, value)
+    row = hsa_override.override_row(arch, value)
     assert row.status == status and words in row.found
     if value == "10.3.0" and (arch or "").startswith("gfx101"):
         assert "HSA_OVERRIDE_GFX_VERSION=10.1.0" in row.fix and "ROCm/legacy-rocm-build#887" in row.fix
@@ -411,3 +411,32 @@ def test_two_alike_gpus_with_iommu_pt_and_one_gpu_gets_no_multi_gpu_rows(tmp_pat
     assert rows["gpu.multi"].status == OK and "2 GPUs, all gfx1010" in rows["gpu.multi"].found
     assert rows["gpu.rccl"].status == OK and "gpu.multi_devices" not in rows
     assert list(multigpu.check_multi_gpu(opts, gpus[:1])) == []
+
+
+def test_the_hsa_override_is_checked_against_every_gpu(tmp_path):
+    """gfx1010 + gfx1030 with HSA_OVERRIDE_GFX_VERSION=10.3.0: it fits the gfx1030, and runs the gfx1010 as a
+    gfx1030 (reported to crash): the row names GPU 0 and the per-GPU variable ROCm 6.2+ reads (ROCm#5069)."""
+    opts = Options(root=_two_gpu_root(tmp_path, 100300, "root=/dev/sda1 iommu=pt"))
+    gpus, _ = gpu_checks.detect_gpus(opts)
+    assert [g.arch for g in gpus] == ["gfx1010", "gfx1030"]
+    row = hsa_override.override_rows(gpus, {"HSA_OVERRIDE_GFX_VERSION": "10.3.0"})
+    assert row.status == WARN and row.found.startswith("GPU 0 (gfx1010): ") and "reported to crash" in row.found
+    assert "HSA_OVERRIDE_GFX_VERSION_0=" in row.fix and "ROCm#5069" in row.fix
+    per_gpu = {"HSA_OVERRIDE_GFX_VERSION_1": "10.3.0"}  # only the gfx1030 gets it
+    assert hsa_override.override_rows(gpus, per_gpu).status == OK
+    assert hsa_override.override_rows(gpus[:1], {"HSA_OVERRIDE_GFX_VERSION": "10.1.0"}).status == OK
+
+
+@pytest.mark.parametrize("timeout", ["nan", "inf", "0", "-1"])
+def test_the_doctors_timeout_must_be_a_finite_number_of_seconds(timeout):
+    r = subprocess.run(
+        [sys.executable, "-m", "rocm_yolo", "doctor", "--timeout", timeout], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2 and "give a finite number of seconds > 0" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_timeout_too_short_for_importing_torch_is_not_torchs_fault():
+    opts = Options(timeout=0.01, skip=frozenset(doctor.CHECKS) - {"versions"})
+    rows = rows_by_check(doctor.diagnose(opts))
+    assert rows["versions.torch"].status == WARN and "--timeout" in rows["versions.torch"].fix
+    assert "reinstall" not in rows["versions.torch"].fix

@@ -42,8 +42,9 @@ def test_resuming_a_finished_run_is_refused_before_anything_is_written(tmp_path,
     run = tmp_path / "runs" / "detect" / "train"
     checkpoint(RunPaths(run).last, epoch)
     before = snapshot(tmp_path)
-    with pytest.raises(UsageError, match="has already finished all 3 epochs: nothing to resume"):
+    with pytest.raises(UsageError, match="has already finished all 3 epochs: train it further with --resume") as e:
         prepare(resume=str(RunPaths(run).last))
+    assert f"--resume {run} --epochs N" in str(e.value) and f"--model {RunPaths(run).last}" in str(e.value)
     assert snapshot(tmp_path) == before and not ownership.held(run)  # not even the lock file
 
 
@@ -56,6 +57,41 @@ def test_a_finished_run_with_a_damaged_last_pt_is_refused_and_the_damaged_file_s
     with pytest.raises(UsageError, match="already finished"):
         prepare(resume=str(paths.last))
     assert snapshot(tmp_path) == before  # not moved aside: nothing is changed
+
+
+def test_a_finished_run_trains_on_to_more_epochs_from_the_copy_it_keeps(tmp_path):
+    """--resume RUN --epochs N: the stripped last.pt becomes the kept copy (with its optimizer) again, only once
+    the run is held; fewer epochs than trained, or a finished run without a kept copy, are refused."""
+    run = tmp_path / "runs" / "detect" / "train"
+    paths = RunPaths(run)
+    checkpoint(paths.last, -1)  # stripped by the end of training
+    before = snapshot(tmp_path)
+    with pytest.raises(UsageError, match="keeps no copy with its optimizer") as e:
+        prepare(resume=str(run), epochs=5)
+    assert f"--model {paths.last} epochs=5" in str(e.value) and snapshot(tmp_path) == before
+    checkpoint(paths.last_good, 2)  # the verified copy of the last epoch's save
+    before = snapshot(tmp_path)
+    for few in (2, 3):
+        with pytest.raises(UsageError, match="already finished all 3 epochs"):
+            prepare(resume=str(run), epochs=few)
+    assert snapshot(tmp_path) == before
+    spec = prepare(resume=str(run), epochs=5)
+    assert spec.resume == str(paths.last) and paths.last.read_bytes() == paths.last_good.read_bytes()
+    assert spec.train_args["epochs"] == 5 and any("from epoch 3 to 5" in n for n in spec.notes)
+    ownership.release(spec.run_dir)
+
+
+def test_a_resume_refuses_what_it_would_drop(tmp_path):
+    """Ultralytics' resume keeps the run's own lr0, amp, ...: given on a resume, they are refused, not dropped."""
+    paths = RunPaths(tmp_path / "runs" / "detect" / "train")
+    checkpoint(paths.last, 0)
+    before = snapshot(tmp_path)
+    for given, word in (({"lr0": 0.02}, "lr0=0.02: a resume keeps the run's lr0"), ({"model": "x.yaml"}, "--model")):
+        with pytest.raises(UsageError, match=word):
+            prepare(resume=str(paths.last), **given)
+    with pytest.raises(UsageError, match="has trained 1 epochs already"):
+        prepare(resume=str(paths.last), epochs=1)
+    assert snapshot(tmp_path) == before
 
 
 def test_an_unfinished_run_still_resumes_and_a_mid_epoch_one_too(tmp_path):
@@ -78,7 +114,7 @@ def test_an_unfinished_run_still_resumes_and_a_mid_epoch_one_too(tmp_path):
 def test_a_reused_directory_with_any_checkpoint_of_another_run_is_refused(tiny_data, tmp_path, left):
     project = tmp_path / "p"
     checkpoint(project / "work" / "weights" / left, 0)
-    with pytest.raises(UsageError, match=f"already holds weights/{left}, a checkpoint of another run"):
+    with pytest.raises(UsageError, match=f"holds the checkpoint weights/{left} of a run that has not finished"):
         prepare(str(tiny_data), project=str(project), name="work", **{"exist_ok": True})
     assert not ownership.held(project / "work")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Cli, fake_checkpoint, prepare, request
+from helpers import Cli, fake_checkpoint, kfd_tree, prepare, request
 from rocm_yolo import launch
 from rocm_yolo.errors import UsageError
 from rocm_yolo.launch import ownership
@@ -16,6 +16,12 @@ from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.ultralytics_rules import config as ucfg
 from taskdata import copy_task
+
+
+@pytest.fixture
+def four_gpus(tmp_path, monkeypatch):
+    """This machine as one with four AMD GPUs (gfx1100), as rocm-yolo's device check reads it."""
+    monkeypatch.setenv("ROCM_YOLO_KFD_ROOT", str(kfd_tree(tmp_path / "kfd", *[110000] * 4)))
 
 
 def test_key_values_are_parsed_like_ultralytics():
@@ -38,7 +44,7 @@ def test_run_directories_follow_ultralytics_naming(tiny_data, tmp_path):
     weights = project / "train" / "weights"
     weights.mkdir()
     (weights / "last.pt").write_bytes(b"x")
-    with pytest.raises(UsageError, match="already holds weights/last.pt"):
+    with pytest.raises(UsageError, match="holds the checkpoint weights/last.pt of a run"):
         prepare(str(tiny_data), project=str(project), name="train", **{"exist_ok": True})
 
 
@@ -61,7 +67,7 @@ def test_a_name_must_stay_inside_the_project(tiny_data, tmp_path, name):
         ("0,1", {"batch": 8.0}, None),  # a whole-number float is that number
     ],
 )
-def test_a_multi_gpu_run_needs_a_batch_each_gpu_gets_a_share_of(tiny_data, tmp_path, device, extra, message):
+def test_a_multi_gpu_run_needs_a_batch_each_gpu_gets_a_share_of(four_gpus, tiny_data, tmp_path, device, extra, message):
     if message is None:
         assert make_spec(TrainRequest(str(tiny_data), project=str(tmp_path / "p"), device=device, overrides=extra))
         return
@@ -72,7 +78,7 @@ def test_a_multi_gpu_run_needs_a_batch_each_gpu_gets_a_share_of(tiny_data, tmp_p
 
 
 @pytest.mark.parametrize("device, batch", [("0,1", None), ("0, 2", 8), ([0, 1, 2, 3], 32)])
-def test_a_multi_gpu_run_is_one_spec_for_all_its_ranks(tiny_data, tmp_path, device, batch):
+def test_a_multi_gpu_run_is_one_spec_for_all_its_ranks(four_gpus, tiny_data, tmp_path, device, batch):
     from rocm_yolo.run.devices import world_size
 
     spec = make_spec(request(str(tiny_data), project=str(tmp_path / "p"), device=device, batch=batch))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+import os
+import pickle
 
 from rocm_yolo.testing.faults import Injector
 from rocm_yolo.testing.recorder import BatchRecorder
@@ -67,3 +69,26 @@ def test_register_adds_each_owners_callbacks_in_order():
     register(Model(), [First(), Second()])
     starts = [who for event, who in added if event == "on_train_epoch_start"]
     assert starts == ["first", "second"] and ("on_train_batch_end", "first") in added
+
+
+def test_the_verified_copy_of_last_pt_is_made_off_the_training_thread_but_never_missing(tmp_path):
+    """An epoch's copy is made by a thread the next save waits for; the last save's copy (trainer.stop: the end of
+    training strips last.pt next) is made before the training goes on; listeners hear each verified epoch."""
+    import types
+
+    from helpers import fake_checkpoint
+    from rocm_yolo.run.events import RunLog
+    from rocm_yolo.run.paths import RunPaths
+    from rocm_yolo.trainer.callbacks.good_copy import GoodCopy
+
+    paths = RunPaths(tmp_path)
+    fake_checkpoint(paths.last, payload=pickle.dumps({"epoch": 0}))
+    heard = []
+    copy = GoodCopy(RunLog(stream=open(os.devnull, "w")), on_verified=(heard.append,))
+    trainer = types.SimpleNamespace(last=paths.last, epoch=0, stop=False)
+    copy.on_model_save(trainer)
+    assert copy.copier is not None  # the training thread goes on while the copy is made
+    fake_checkpoint(paths.last, payload=pickle.dumps({"epoch": 1}))
+    copy.on_model_save(types.SimpleNamespace(last=paths.last, epoch=1, stop=True))  # waits, then copies at once
+    assert copy.copier is None and heard == [0, 1]
+    assert paths.last_good.read_bytes() == paths.last.read_bytes()

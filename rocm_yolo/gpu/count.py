@@ -1,0 +1,45 @@
+"""How many GPUs this machine shows a run, found before any rank starts and without importing torch here.
+
+On an AMD machine the KFD topology in sysfs lists the GPUs (:func:`rocm_yolo.gpu.arch.detect_gpus`),
+and the ROCm runtime shows a process only those its visibility variables keep
+(``ROCR_VISIBLE_DEVICES``, then ``HIP_VISIBLE_DEVICES`` or ``CUDA_VISIBLE_DEVICES``, each a list that
+narrows the one before). Elsewhere (an NVIDIA card, or a topology this cannot read) a bounded probe
+asks torch in a throwaway process. Either way the answer comes in seconds, so a ``--device`` list
+that names GPUs the machine does not have is refused before any process starts.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Mapping
+
+from rocm_yolo.gpu.arch import detect_gpus
+from rocm_yolo.process.tree import run_bounded
+
+VISIBILITY = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+PROBE = "import torch; print(torch.cuda.device_count())"
+
+
+def visible_in_topology(env: Mapping[str, str] = os.environ, root=None) -> int | None:
+    """The GPUs of the KFD topology a process here may use; None when the topology shows no AMD GPU."""
+    count = len(detect_gpus(root))
+    if not count:
+        return None
+    for var in VISIBILITY:
+        if var in env:
+            count = min(count, len([x for x in env[var].split(",") if x.strip()]))
+    return count
+
+
+def probe(timeout: float = 60.0) -> int | None:
+    """``torch.cuda.device_count()`` in a throwaway process (ROCm builds answer for HIP); None if it cannot tell."""
+    outcome = run_bounded([sys.executable, "-c", PROBE], timeout)
+    last = (outcome.stdout.strip().splitlines() or [""])[-1]
+    return int(last) if outcome.returncode == 0 and last.isdigit() else None
+
+
+def visible_gpus(env: Mapping[str, str] = os.environ, root=None, timeout: float = 60.0) -> int | None:
+    """How many GPUs a run here can use (the topology, else torch's answer); None when neither can tell."""
+    found = visible_in_topology(env, root)
+    return found if found is not None else probe(timeout)
