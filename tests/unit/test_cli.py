@@ -55,12 +55,12 @@ def test_profiles_command_lists_every_setting():
         (["lr0=fast"], "'lr0=fast' is not a number"),
         (["--workers", "-1"], "workers=-1 must be >= 0"),
         (["--workers", "1.5"], "is not an integer"),
-        (["--profile", "turbo"], "invalid choice: 'turbo'"),
+        (["--profile", "turbo"], "argument --profile: "),  # argparse's words for the rest: not asserted
         (["--profile", "single", "prefetch_factor=2"], "prefetch_factor needs workers > 0"),
         (["threads=4"], "threads= sets the loader threads of --profile threads, not of 'fast'"),
-        (["--epochs", "x"], "invalid int value: 'x'"),
+        (["--epochs", "x"], "argument --epochs: "),
         (["resume=True"], "use --resume"),
-        (["--conv", "magic"], "invalid choice: 'magic'"),
+        (["--conv", "magic"], "argument --conv: "),
         (["workers=2", "--workers", "3"], "'workers' is given twice"),
         (["--epocs", "2"], "unrecognized arguments: --epocs 2 (did you mean --epochs?) (see 'rocm-yolo train --help')"),
         (["--device", "-1,-1"], "--device -1,-1: several devices must be GPU ids"),  # a value that starts with -
