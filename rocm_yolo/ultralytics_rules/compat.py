@@ -30,6 +30,14 @@ from rocm_yolo.ultralytics_rules.versions import SUPPORTED_ULTRALYTICS, untested
 
 MID_EPOCH_FEATURE = "mid-epoch checkpoints (--checkpoint-every) and resuming inside an epoch"
 FINAL_SAVE_FEATURE = "the end of training's rewrite of last.pt and best.pt, written atomically"
+TRACKER_FEATURE = "one MLflow and one W&B run across restarts and resumes"
+# Ultralytics' tracker callbacks (rocm_yolo.trainer.callbacks.trackers): the module, the global it calls its library
+# by, and the library's functions its on_pretrain_routine_end calls that rocm-yolo adjusts.
+TRACKER_CALLBACKS = {
+    "mlflow": ("ultralytics.utils.callbacks.mlflow", "mlflow", ("start_run", "log_params")),
+    "wandb": ("ultralytics.utils.callbacks.wb", "wb", ("init",)),
+}
+MLFLOW_ACTIVE = "_mlflow_active"  # the trainer attribute Ultralytics' MLflow callback tracks the run with
 # The Ultralytics events rocm-yolo's callbacks use (rocm_yolo.trainer.callbacks.registry registers them).
 CALLBACK_EVENTS = (
     "on_pretrain_routine_start",
@@ -200,12 +208,33 @@ def _user_checks() -> bool:
     )
 
 
+def _tracker_callbacks() -> bool:
+    """Each tracker callback opens its run in ``on_pretrain_routine_end`` through its module global, and the MLflow one
+    keeps ``trainer._mlflow_active``. Read from the files: importing them imports mlflow and wandb."""
+    import importlib.util
+
+    texts = {}
+    for key, (module, name, functions) in TRACKER_CALLBACKS.items():
+        found = importlib.util.find_spec(module)
+        texts[key] = text = open(found.origin, encoding="utf-8").read() if found and found.origin else ""
+        if "def on_pretrain_routine_end(" not in text or any(f"{name}.{fn}(" not in text for fn in functions):
+            return False
+    return MLFLOW_ACTIVE in texts["mlflow"]
+
+
 def _cfg_key_sets() -> bool:
     import ultralytics.cfg as cfg
 
     return all(hasattr(cfg, name) for name in ("CFG_INT_KEYS", "CFG_FLOAT_KEYS", "CFG_FRACTION_KEYS", "CFG_BOOL_KEYS"))
 
 
+TRACKERS_REQUIREMENT = Requirement(
+    "the MLflow and W&B callbacks opening their runs in on_pretrain_routine_end (mlflow.start_run, "
+    "mlflow.log_params, trainer._mlflow_active, wb.init)",
+    TRACKER_FEATURE,
+    False,
+    _tracker_callbacks,
+)
 REQUIREMENTS = (
     Requirement(f"trainer callbacks {', '.join(CALLBACK_EVENTS)}", "the heartbeat and the watchdog", True, _callbacks),
     Requirement(
@@ -289,6 +318,7 @@ REQUIREMENTS = (
         False,
         _final_strip,
     ),
+    TRACKERS_REQUIREMENT,
 )
 
 

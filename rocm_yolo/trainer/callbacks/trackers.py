@@ -1,0 +1,203 @@
+"""One MLflow run and one W&B run for all the attempts of a rocm-yolo run (:class:`Trackers`).
+
+Ultralytics opens its tracker run in ``on_pretrain_routine_end`` of its MLflow and W&B
+callbacks, which it loads when the library is installed and its settings enable it
+(``yolo settings mlflow=True``, the default; ``wandb=True``). Left alone, every attempt
+opens a new MLflow run: a watchdog restart leaves one FAILED run and one FINISHED, and the
+second logs the changed ``workers`` again, which MLflow refuses, so Ultralytics stops tracking.
+
+``on_pretrain_routine_start`` (after Ultralytics added its callbacks to the trainer) puts a
+wrapper in place of each of those two functions in this trainer's callback list. During
+the wrapped call, and only then, the callback's module sees its library through a proxy
+that changes one or two functions:
+
+- MLflow: ``start_run`` continues the run recorded in ``RUN/rocm_yolo/tracker.json`` (as
+  ``MLFLOW_RUN_ID`` would; one the user set wins), or starts a new one when that run cannot
+  be continued; ``log_params`` leaves out the parameters the run already has and logs a
+  changed one as ``attemptN.KEY``;
+- W&B: ``init`` continues the recorded run (``id=``, ``resume="allow"``), also after a
+  restart from the start, where Ultralytics itself would start a new one.
+
+After the call the run's ids go into ``tracker.json``, and the run is tagged with every
+attempt (:mod:`.tracker_record`): cause, profile, workers, batch size, where it failed.
+Ultralytics still ends the run (FINISHED at the end of training, FAILED on an error); a
+killed attempt leaves it RUNNING, and the next attempt continues it.
+
+Nothing happens when Ultralytics did not load the callback (library missing, disabled in its
+settings, a rank above 0), when ``ROCM_YOLO_ONE_TRACKER_RUN=0`` (one tracker run per
+attempt, as plain Ultralytics), or when compat finds the callback changed. Nothing raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import replace
+
+from rocm_yolo import environment, errors
+from rocm_yolo.run.events import RunLog
+from rocm_yolo.run.spec import RunSpec
+from rocm_yolo.trainer.callbacks.tracker_record import (
+    TrackerRecord,
+    attempts,
+    mlflow_tags,
+    params_to_log,
+    wandb_config,
+    wandb_tags,
+)
+from rocm_yolo.ultralytics_rules import compat
+
+MLFLOW_RUN_ID = "MLFLOW_RUN_ID"  # MLflow's own variable: a run the user chose
+
+
+class Trackers:
+    """Installs the wrappers of Ultralytics' tracker callbacks on the trainer (see the module's docstring)."""
+
+    def __init__(self, spec: RunSpec, log: RunLog, enabled: bool | None = None):
+        self.paths = spec.paths
+        self.attempt = spec.attempt
+        self.log = log
+        self.enabled = enabled if enabled is not None else os.environ.get(environment.ONE_TRACKER_RUN, "1") != "0"
+
+    def on_pretrain_routine_start(self, trainer) -> None:
+        if not self.enabled:
+            return
+        try:
+            for name, wrapper in (("mlflow", MlflowRun), ("wandb", WandbRun)):
+                found = _loaded(trainer, compat.TRACKER_CALLBACKS[name][0])
+                if found is not None:
+                    hooks, index, module = found
+                    hooks[index] = wrapper(self, module, hooks[index])
+        except Exception as e:  # noqa: BLE001 - a tracker never stops training
+            self.log.info(f"tracker runs: could not join the attempts of this run ({errors.one_line(e)})")
+
+    # shared by the wrappers ------------------------------------------------------------------
+    def record(self) -> TrackerRecord:
+        return TrackerRecord.read(self.paths.tracker)
+
+    def remember(self, **ids) -> None:
+        try:
+            replace(self.record(), **ids).write(self.paths.tracker)
+        except OSError as e:
+            self.log.info(f"tracker runs: could not write {self.paths.tracker} ({e}): the next attempt opens a new run")
+
+    def history(self):
+        return attempts(self.paths, self.attempt)
+
+
+def _loaded(trainer, module_name: str):
+    """(this trainer's ``on_pretrain_routine_end`` list, the index of ``module_name``'s function in it, the module);
+    None when Ultralytics did not load that callback or compat finds it changed. A wrapped one is not found again."""
+    module = sys.modules.get(module_name)
+    original = getattr(module, "on_pretrain_routine_end", None)
+    hooks = trainer.callbacks.get("on_pretrain_routine_end", [])
+    if original is None or original not in hooks or compat.missing((compat.TRACKERS_REQUIREMENT,)):
+        return None
+    return hooks, hooks.index(original), module
+
+
+@contextlib.contextmanager
+def _seen_as(module, name: str, proxy):
+    """``module``'s global ``name`` is ``proxy`` inside the block, and what it was after it."""
+    real = module.__dict__[name]
+    module.__dict__[name] = proxy
+    try:
+        yield real
+    finally:
+        module.__dict__[name] = real
+
+
+class _Proxy:
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+class _MlflowSeen(_Proxy):
+    """``mlflow`` as Ultralytics' callback sees it while it opens its run."""
+
+    def __init__(self, real, run_id: str | None, attempt: int, log: RunLog):
+        super().__init__(real)
+        self._run_id, self._attempt, self._log = run_id, attempt, log
+
+    def start_run(self, *args, **kwargs):
+        if self._run_id and not args and "run_id" not in kwargs:
+            try:
+                return self._real.start_run(run_id=self._run_id, **{k: v for k, v in kwargs.items() if k != "run_name"})
+            except Exception as e:  # noqa: BLE001 - deleted, another experiment, ...
+                self._log.info(f"MLflow run {self._run_id} cannot be continued ({errors.one_line(e)}): a new run")
+        return self._real.start_run(*args, **kwargs)
+
+    def log_params(self, params, *args, **kwargs):
+        active = self._real.active_run()
+        have = dict(active.data.params) if active is not None else {}
+        return self._real.log_params(params_to_log(have, dict(params), self._attempt), *args, **kwargs)
+
+
+class MlflowRun:
+    """Ultralytics' MLflow ``on_pretrain_routine_end``, continuing the run's MLflow run."""
+
+    def __init__(self, owner: Trackers, module, original):
+        self.owner, self.module, self.original = owner, module, original
+
+    def __call__(self, trainer) -> None:
+        real = self.module.mlflow
+        run_id = None
+        try:
+            record = self.owner.record()
+            if not os.environ.get(MLFLOW_RUN_ID) and record.mlflow_uri == str(real.get_tracking_uri()):
+                run_id = record.mlflow_run_id
+        except Exception:  # noqa: BLE001
+            pass
+        with _seen_as(self.module, "mlflow", _MlflowSeen(real, run_id, self.owner.attempt, self.owner.log)):
+            self.original(trainer)
+        if not getattr(trainer, compat.MLFLOW_ACTIVE, False):
+            return  # Ultralytics is not tracking this run (tests, a failed start): nothing to record
+        try:
+            active = real.active_run()
+            self.owner.remember(mlflow_run_id=active.info.run_id, mlflow_uri=str(real.get_tracking_uri()))
+            real.set_tags(mlflow_tags(self.owner.history()))
+        except Exception as e:  # noqa: BLE001
+            self.owner.log.info(f"MLflow: could not record this attempt on the run ({errors.one_line(e)})")
+
+
+class _WandbSeen(_Proxy):
+    """``wandb`` as Ultralytics' callback sees it while it opens its run."""
+
+    def __init__(self, real, run_id: str | None):
+        super().__init__(real)
+        self._run_id = run_id
+
+    def init(self, *args, **kwargs):
+        if self._run_id:
+            kwargs.update(id=self._run_id, resume="allow")
+        return self._real.init(*args, **kwargs)
+
+
+class WandbRun:
+    """Ultralytics' W&B ``on_pretrain_routine_end``, continuing the run's W&B run."""
+
+    def __init__(self, owner: Trackers, module, original):
+        self.owner, self.module, self.original = owner, module, original
+
+    def __call__(self, trainer) -> None:
+        real = self.module.wb
+        try:
+            run_id = self.owner.record().wandb_id
+        except Exception:  # noqa: BLE001
+            run_id = None
+        with _seen_as(self.module, "wb", _WandbSeen(real, run_id)):
+            self.original(trainer)
+        run = getattr(real, "run", None)
+        if run is None:
+            return
+        try:
+            self.owner.remember(wandb_id=run.id)
+            history = self.owner.history()
+            run.tags = wandb_tags(run.tags, history)
+            run.config.update(wandb_config(history), allow_val_change=True)
+        except Exception as e:  # noqa: BLE001
+            self.owner.log.info(f"W&B: could not record this attempt on the run ({errors.one_line(e)})")
