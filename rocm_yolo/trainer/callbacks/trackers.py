@@ -1,13 +1,14 @@
 """One MLflow run and one W&B run for all the attempts of a rocm-yolo run (:class:`Trackers`).
 
 Ultralytics opens its tracker run in ``on_pretrain_routine_end`` of its MLflow and W&B
-callbacks, which it loads when the library is installed and its settings enable it
+callbacks (W&B's in ``on_pretrain_routine_start`` up to 8.4.158 at least), which it loads
+when the library is installed and its settings enable it
 (``yolo settings mlflow=True``, the default; ``wandb=True``). Left alone, every attempt
 opens a new MLflow run: a watchdog restart leaves one FAILED run and one FINISHED, and the
 second logs the changed ``workers`` again, which MLflow refuses, so Ultralytics stops tracking.
 
 ``on_pretrain_routine_start`` (after Ultralytics added its callbacks to the trainer) puts a
-wrapper in place of each of those two functions in this trainer's callback list. During
+wrapper in place of each of those functions in this trainer's callback lists. During
 the wrapped call, and only then, the callback's module sees its library through a proxy
 that changes one or two functions:
 
@@ -64,10 +65,8 @@ class Trackers:
         if not self.enabled:
             return
         try:
-            for name, wrapper in (("mlflow", MlflowRun), ("wandb", WandbRun)):
-                found = _loaded(trainer, compat.TRACKER_CALLBACKS[name][0])
-                if found is not None:
-                    hooks, index, module = found
+            for key, wrapper in (("mlflow", MlflowRun), ("wandb", WandbRun)):
+                for hooks, index, module in _loaded(trainer, key):
                     hooks[index] = wrapper(self, module, hooks[index])
         except Exception as e:  # noqa: BLE001 - a tracker never stops training
             self.log.info(f"tracker runs: could not join the attempts of this run ({errors.one_line(e)})")
@@ -86,15 +85,19 @@ class Trackers:
         return attempts(self.paths, self.attempt)
 
 
-def _loaded(trainer, module_name: str):
-    """(this trainer's ``on_pretrain_routine_end`` list, the index of ``module_name``'s function in it, the module);
-    None when Ultralytics did not load that callback or compat finds it changed. A wrapped one is not found again."""
-    module = sys.modules.get(module_name)
-    original = getattr(module, "on_pretrain_routine_end", None)
-    hooks = trainer.callbacks.get("on_pretrain_routine_end", [])
-    if original is None or original not in hooks or compat.missing((compat.TRACKERS_REQUIREMENT,)):
-        return None
-    return hooks, hooks.index(original), module
+def _loaded(trainer, key: str) -> list:
+    """Where Ultralytics' tracker callback ``key`` may open its run in this trainer: (the event's list of callbacks,
+    the index of the callback's function in it, its module), for each event of ``compat.TRACKER_EVENTS`` it has.
+    None when Ultralytics did not load it (not installed, off in its settings, a rank above 0) or compat finds it
+    changed. A function already wrapped is not found again."""
+    module = sys.modules.get(compat.TRACKER_CALLBACKS[key][0])
+    found = []
+    for event in compat.TRACKER_EVENTS:
+        original = getattr(module, event, None)
+        hooks = trainer.callbacks.get(event, [])
+        if original is not None and original in hooks:
+            found.append((hooks, hooks.index(original), module))
+    return found if found and not compat.missing((compat.TRACKER_REQUIREMENTS[key],)) else []
 
 
 @contextlib.contextmanager
@@ -119,16 +122,24 @@ class _Proxy:
 class _MlflowSeen(_Proxy):
     """``mlflow`` as Ultralytics' callback sees it while it opens its run."""
 
-    def __init__(self, real, run_id: str | None, attempt: int, log: RunLog):
+    def __init__(self, real, record: TrackerRecord, attempt: int, log: RunLog):
         super().__init__(real)
-        self._run_id, self._attempt, self._log = run_id, attempt, log
+        self._record, self._attempt, self._log = record, attempt, log
+
+    def _ours(self) -> str | None:
+        """The run to continue: the recorded one, if it lives at this tracking URI and the user named none."""
+        record = self._record
+        if os.environ.get(MLFLOW_RUN_ID) or record.mlflow_uri != str(self._real.get_tracking_uri()):
+            return None
+        return record.mlflow_run_id
 
     def start_run(self, *args, **kwargs):
-        if self._run_id and not args and "run_id" not in kwargs:
+        run_id = None if args or "run_id" in kwargs else self._ours()
+        if run_id:
             try:
-                return self._real.start_run(run_id=self._run_id, **{k: v for k, v in kwargs.items() if k != "run_name"})
+                return self._real.start_run(run_id=run_id, **{k: v for k, v in kwargs.items() if k != "run_name"})
             except Exception as e:  # noqa: BLE001 - deleted, another experiment, ...
-                self._log.info(f"MLflow run {self._run_id} cannot be continued ({errors.one_line(e)}): a new run")
+                self._log.info(f"MLflow run {run_id} cannot be continued ({errors.one_line(e)}): a new run")
         return self._real.start_run(*args, **kwargs)
 
     def log_params(self, params, *args, **kwargs):
@@ -138,23 +149,20 @@ class _MlflowSeen(_Proxy):
 
 
 class MlflowRun:
-    """Ultralytics' MLflow ``on_pretrain_routine_end``, continuing the run's MLflow run."""
+    """Ultralytics' MLflow callback that opens its run, continuing the run's MLflow run."""
 
     def __init__(self, owner: Trackers, module, original):
         self.owner, self.module, self.original = owner, module, original
 
     def __call__(self, trainer) -> None:
-        real = self.module.mlflow
-        run_id = None
         try:
-            record = self.owner.record()
-            if not os.environ.get(MLFLOW_RUN_ID) and record.mlflow_uri == str(real.get_tracking_uri()):
-                run_id = record.mlflow_run_id
-        except Exception:  # noqa: BLE001
-            pass
-        with _seen_as(self.module, "mlflow", _MlflowSeen(real, run_id, self.owner.attempt, self.owner.log)):
+            real = self.module.mlflow
+            proxy = _MlflowSeen(real, self.owner.record(), self.owner.attempt, self.owner.log)
+        except Exception:  # noqa: BLE001 - as Ultralytics would, then
+            return self.original(trainer)
+        with _seen_as(self.module, "mlflow", proxy):
             self.original(trainer)
-        if not getattr(trainer, compat.MLFLOW_ACTIVE, False):
+        if not getattr(trainer, compat.MLFLOW_ACTIVE, False) or real.active_run() is None:
             return  # Ultralytics is not tracking this run (tests, a failed start): nothing to record
         try:
             active = real.active_run()
@@ -178,18 +186,18 @@ class _WandbSeen(_Proxy):
 
 
 class WandbRun:
-    """Ultralytics' W&B ``on_pretrain_routine_end``, continuing the run's W&B run."""
+    """Ultralytics' W&B callback that opens its run, continuing the run's W&B run."""
 
     def __init__(self, owner: Trackers, module, original):
         self.owner, self.module, self.original = owner, module, original
 
     def __call__(self, trainer) -> None:
-        real = self.module.wb
         try:
-            run_id = self.owner.record().wandb_id
-        except Exception:  # noqa: BLE001
-            run_id = None
-        with _seen_as(self.module, "wb", _WandbSeen(real, run_id)):
+            real = self.module.wb
+            proxy = _WandbSeen(real, self.owner.record().wandb_id)
+        except Exception:  # noqa: BLE001 - as Ultralytics would, then
+            return self.original(trainer)
+        with _seen_as(self.module, "wb", proxy):
             self.original(trainer)
         run = getattr(real, "run", None)
         if run is None:

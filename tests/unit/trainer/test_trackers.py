@@ -260,3 +260,23 @@ def test_wandb_continues_the_recorded_run_also_after_a_restart_from_the_start(sp
     assert (inits[-1]["id"], inits[-1]["resume"]) == ("new-id", "allow")
     assert library.run.tags[0] == "mine" and library.run.tags[1].startswith("rocm-yolo attempt 2: crash")
     assert updates[-1]["rocm-yolo"]["attempt"] == 2
+
+
+ULTRALYTICS_WB_8_4_158 = """
+def on_pretrain_routine_start(trainer):
+    if not wb.run:
+        wb.init(project="p", name="train", id="new-id", resume=None)
+"""
+
+
+def test_a_wandb_callback_that_opens_its_run_in_on_pretrain_routine_start_is_wrapped_there(spec, monkeypatch):
+    inits = []
+    library = SimpleNamespace(run=None, init=lambda **kwargs: inits.append(kwargs), __version__="fake")
+    module = _module(monkeypatch, "wandb", ULTRALYTICS_WB_8_4_158, "wb", library)
+    TrackerRecord(wandb_id="first-id").write(spec.paths.tracker)
+    owner = Trackers(spec, RunLog(), enabled=True)
+    hooks = [owner.on_pretrain_routine_start, module.on_pretrain_routine_start]  # Ultralytics adds its own after ours
+    trainer = SimpleNamespace(callbacks={"on_pretrain_routine_start": hooks})
+    for callback in trainer.callbacks["on_pretrain_routine_start"]:  # as BaseTrainer.run_callbacks
+        callback(trainer)
+    assert (inits[-1]["id"], inits[-1]["resume"]) == ("first-id", "allow") and module.wb is library
