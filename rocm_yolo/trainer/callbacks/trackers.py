@@ -87,9 +87,9 @@ class Trackers:
 
 def _loaded(trainer, key: str) -> list:
     """Where Ultralytics' tracker callback ``key`` may open its run in this trainer: (the event's list of callbacks,
-    the index of the callback's function in it, its module), for each event of ``compat.TRACKER_EVENTS`` it has.
-    None when Ultralytics did not load it (not installed, off in its settings, a rank above 0) or compat finds it
-    changed. A function already wrapped is not found again."""
+    the index of the callback's function in it, its module), for each event of ``compat.TRACKER_EVENTS`` it has;
+    when Ultralytics did not load it (not installed, off in its settings, a rank above 0) or compat finds it
+    changed: none. A function already wrapped is not found again."""
     module = sys.modules.get(compat.TRACKER_CALLBACKS[key][0])
     found = []
     for event in compat.TRACKER_EVENTS:
@@ -129,9 +129,11 @@ class _MlflowSeen(_Proxy):
     def _ours(self) -> str | None:
         """The run to continue: the recorded one, if it lives at this tracking URI and the user named none."""
         record = self._record
-        if os.environ.get(MLFLOW_RUN_ID) or record.mlflow_uri != str(self._real.get_tracking_uri()):
+        try:
+            here = str(self._real.get_tracking_uri())
+        except Exception:  # noqa: BLE001
             return None
-        return record.mlflow_run_id
+        return None if os.environ.get(MLFLOW_RUN_ID) or record.mlflow_uri != here else record.mlflow_run_id
 
     def start_run(self, *args, **kwargs):
         run_id = None if args or "run_id" in kwargs else self._ours()
@@ -162,7 +164,7 @@ class MlflowRun:
             return self.original(trainer)
         with _seen_as(self.module, "mlflow", proxy):
             self.original(trainer)
-        if not getattr(trainer, compat.MLFLOW_ACTIVE, False) or real.active_run() is None:
+        if not getattr(trainer, compat.MLFLOW_ACTIVE, False):
             return  # Ultralytics is not tracking this run (tests, a failed start): nothing to record
         try:
             active = real.active_run()
