@@ -2,9 +2,9 @@
 
 A new run claims ``project/name`` (or the next free name: ``train``, ``train-2``, ...) and
 holds its lock; ``exist_ok=True`` reuses an existing directory unless it holds a checkpoint
-of another run or another supervisor holds it. A resume first refuses a run that has
-finished (writing nothing), then holds its run's lock and takes the checkpoint it starts
-from (which may move a damaged ``last.pt`` aside).
+of another run or another supervisor holds it (and drops the old run's tracker record). A
+resume first refuses a run that has finished (writing nothing), then holds its run's lock
+and takes the checkpoint it starts from (which may move a damaged ``last.pt`` aside).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ def claim(spec: RunSpec) -> RunSpec:
         keep_results_aside(RunPaths(run_dir))
     train_args = {**spec.train_args, "project": str(run_dir.parent), "name": run_dir.name, "exist_ok": True}
     attempt = 1 if created else next_attempt(run_dir)  # a reused directory keeps the reports already in it
+    if not created:  # a new run opens new tracker runs: only its own attempts continue them
+        RunPaths(run_dir).tracker.unlink(missing_ok=True)
     return spec.with_changes(run_dir=str(run_dir), train_args=train_args, created=created, attempt=attempt)
 
 

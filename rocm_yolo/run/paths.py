@@ -4,7 +4,7 @@
 submitit's ``JobPaths`` owns a job's folder: Ultralytics' own files (``weights/last.pt``,
 ``results.csv``), rocm-yolo's reports beside them (``rocm-yolo.log``, ``hang-K-stacks.txt``,
 ``crash-K.txt``, ``setup-K.txt``, ``internal-K.txt``) and its machinery in ``rocm_yolo/``
-(specs, heartbeat, supervisor state, events, the lock). The user-level directories (the
+(specs, heartbeat, supervisor state, events, tracker runs, the lock). The user-level directories (the
 cache for the demo set, the conv self-test and MIOpen) are here too.
 
 Nothing here touches the file system except :meth:`RunPaths.mid_checkpoints`, a glob.
@@ -151,6 +151,11 @@ class RunPaths:
     @property
     def events(self) -> Path:
         return self.state / "events.jsonl"
+
+    @property
+    def tracker(self) -> Path:
+        """The run's MLflow and W&B runs, which every attempt continues (``trainer.callbacks.trackers``)."""
+        return self.state / "tracker.json"
 
     @property
     def workers(self) -> Path:

@@ -161,6 +161,7 @@ class Supervisor:
     def _restart(self, spec: RunSpec, restarts_left: int) -> RunSpec:
         spec = next_spec(spec, self.config.ladder, self.log)
         self.result.restarts += 1
+        failure = self.work.pending  # what the new attempt recovers from (its child tags the tracker run with it)
         self.log.event(
             "restart",
             f"restart {self.config.max_restarts - restarts_left}/{self.config.max_restarts} "
@@ -170,6 +171,8 @@ class Supervisor:
             attempt=spec.attempt,
             profile=spec.profile,
             resume=spec.resume,
+            cause=failure.cause if failure else None,
+            lost_at=failure.lost_at if failure else None,
         )
         return spec
 

@@ -25,6 +25,7 @@ def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
     from rocm_yolo.trainer.callbacks.good_copy import GoodCopy
     from rocm_yolo.trainer.callbacks.heartbeat_writer import HeartbeatWriter
     from rocm_yolo.trainer.callbacks.run_hooks import RunHooks
+    from rocm_yolo.trainer.callbacks.trackers import Trackers
     from rocm_yolo.trainer.checkpointing.restore import MidEpochResume
     from rocm_yolo.trainer.checkpointing.sample_order import TrainOrder
     from rocm_yolo.trainer.checkpointing.save import MidEpochSave
@@ -50,7 +51,8 @@ def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
     )
     # the mid-epoch ones last: a resumed epoch moves the others' batch counters after they reset them
     writers = [save] if rank == 0 else []  # the other ranks resume from rank 0's checkpoints, and write none
-    return [run_hooks, good_copy, heartbeat, *testing, *writers, mid_resume], run_hooks
+    trackers = [Trackers(spec, log)] if rank == 0 else []  # Ultralytics' tracker callbacks run in rank 0 only
+    return [run_hooks, good_copy, heartbeat, *testing, *writers, mid_resume, *trackers], run_hooks
 
 
 def train(spec: RunSpec, env: Environment, log: RunLog) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import ctypes
+import functools
 import inspect
 import re
 import sys
@@ -30,6 +31,18 @@ from rocm_yolo.ultralytics_rules.versions import SUPPORTED_ULTRALYTICS, untested
 
 MID_EPOCH_FEATURE = "mid-epoch checkpoints (--checkpoint-every) and resuming inside an epoch"
 FINAL_SAVE_FEATURE = "the end of training's rewrite of last.pt and best.pt, written atomically"
+# Ultralytics' tracker callbacks (rocm_yolo.trainer.callbacks.trackers): the module, the global it calls its library
+# by, and the library's functions rocm-yolo adjusts, called where the callback opens its run: in
+# on_pretrain_routine_end, or on_pretrain_routine_start (W&B's, up to 8.4.158 at least).
+TRACKER_CALLBACKS = {
+    "mlflow": ("ultralytics.utils.callbacks.mlflow", "mlflow", ("start_run", "log_params")),
+    "wandb": ("ultralytics.utils.callbacks.wb", "wb", ("init",)),
+}
+TRACKER_EVENTS = ("on_pretrain_routine_start", "on_pretrain_routine_end")
+TRACKER_FEATURES = {
+    key: f"one {name} run across restarts and resumes" for key, name in (("mlflow", "MLflow"), ("wandb", "W&B"))
+}
+MLFLOW_ACTIVE = "_mlflow_active"  # the trainer attribute Ultralytics' MLflow callback tracks the run with
 # The Ultralytics events rocm-yolo's callbacks use (rocm_yolo.trainer.callbacks.registry registers them).
 CALLBACK_EVENTS = (
     "on_pretrain_routine_start",
@@ -201,12 +214,35 @@ def _user_checks() -> bool:
     )
 
 
+def _tracker_callback(key: str) -> bool:
+    """Ultralytics' callback ``key`` opens its run through its module global (and the MLflow one keeps
+    ``trainer._mlflow_active``). Read from its file: importing it imports mlflow or wandb."""
+    import importlib.util
+
+    module, name, functions = TRACKER_CALLBACKS[key]
+    found = importlib.util.find_spec(module)
+    with open(found.origin, encoding="utf-8") as f:
+        text = f.read()
+    opens = any(f"def {event}(" in text for event in TRACKER_EVENTS)
+    return opens and all(f"{name}.{fn}(" in text for fn in functions) and (key != "mlflow" or MLFLOW_ACTIVE in text)
+
+
 def _cfg_key_sets() -> bool:
     import ultralytics.cfg as cfg
 
     return all(hasattr(cfg, name) for name in ("CFG_INT_KEYS", "CFG_FLOAT_KEYS", "CFG_FRACTION_KEYS", "CFG_BOOL_KEYS"))
 
 
+TRACKER_REQUIREMENTS = {
+    key: Requirement(
+        f"{TRACKER_CALLBACKS[key][0]} opening its run with {', '.join(f'{name}.{fn}' for fn in functions)}",
+        feature,
+        False,
+        functools.partial(_tracker_callback, key),
+    )
+    for key, feature in TRACKER_FEATURES.items()
+    for name, functions in [TRACKER_CALLBACKS[key][1:]]
+}
 REQUIREMENTS = (
     Requirement(f"trainer callbacks {', '.join(CALLBACK_EVENTS)}", "the heartbeat and the watchdog", True, _callbacks),
     Requirement(
@@ -290,6 +326,7 @@ REQUIREMENTS = (
         False,
         _final_strip,
     ),
+    *TRACKER_REQUIREMENTS.values(),
 )
 
 

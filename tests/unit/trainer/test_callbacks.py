@@ -11,10 +11,11 @@ from rocm_yolo.testing.recorder import BatchRecorder
 from rocm_yolo.trainer.callbacks.heartbeat_writer import HeartbeatWriter
 from rocm_yolo.trainer.callbacks.registry import CALLBACK_EVENTS, callbacks_of, register
 from rocm_yolo.trainer.callbacks.run_hooks import RunHooks
+from rocm_yolo.trainer.callbacks.trackers import Trackers
 from rocm_yolo.trainer.checkpointing.restore import MidEpochResume
 from rocm_yolo.trainer.checkpointing.save import MidEpochSave
 
-OWNERS = (RunHooks, HeartbeatWriter, MidEpochSave, MidEpochResume, Injector, BatchRecorder)
+OWNERS = (RunHooks, HeartbeatWriter, MidEpochSave, MidEpochResume, Injector, BatchRecorder, Trackers)
 
 
 def test_every_callback_method_is_an_event_ultralytics_fires():
