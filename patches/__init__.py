@@ -5,6 +5,7 @@
 - :mod:`.threads`: ``DataLoader._get_iterator`` loads marked loaders in threads of the trainer (profile ``threads``);
 - :mod:`.thread_rng`: per-thread generators behind the module-level ``random`` and ``numpy.random`` functions;
 - :mod:`.trainloop`: Ultralytics' training loop continued inside an epoch (a module-global ``enumerate``);
+- :mod:`.epoch_save`: each epoch's save of ``last.pt`` and ``best.pt``, written atomically (a stop waits for it);
 - :mod:`.final_save`: the end of training's rewrite of ``last.pt`` and ``best.pt``, written atomically.
 
 The Conv2d patch is :mod:`rocm_yolo.conv.patch`, beside the self-test that chooses its strategy.

@@ -20,6 +20,7 @@ import logging
 import os
 from pathlib import Path
 
+from rocm_yolo.process.lifecycle import uninterrupted
 from rocm_yolo.run import hooks
 from rocm_yolo.run.atomic import replace_durably, temporary
 from rocm_yolo.run.paths import RunPaths
@@ -42,10 +43,11 @@ def install(run_dir: str | os.PathLike) -> None:
         target = Path(s or f)
         tmp = temporary(target)
         try:
-            with hooks.final_save(target.name, paths), _log_names(tmp, target, named=bool(s)):
-                result = current(f, s=str(tmp), updates=updates)
-            if tmp.exists():  # not when f was no Ultralytics checkpoint: nothing was written
-                replace_durably(tmp, target)
+            with uninterrupted():  # a stop during the rewrite waits for it
+                with hooks.final_save(target.name, paths), _log_names(tmp, target, named=bool(s)):
+                    result = current(f, s=str(tmp), updates=updates)
+                if tmp.exists():  # not when f was no Ultralytics checkpoint: nothing was written
+                    replace_durably(tmp, target)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

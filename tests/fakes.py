@@ -94,6 +94,12 @@ class ScriptedChild:
         self.killed = True
         return []
 
+    def pause(self) -> None:
+        self.paused = True
+
+    def unpause(self) -> None:
+        self.paused = False
+
 
 def supervisor(spec, children, clock: Clock, config, made: list | None = None, **kw) -> Supervisor:
     """A supervisor whose attempts are ``children`` in turn (the specs they were made for go into ``made``)."""

@@ -40,13 +40,14 @@ class Cli:
         self.runs = 0
         self.output: Path | None = None
 
-    def start(self, *args: str, env: dict | None = None) -> subprocess.Popen:
-        """Start the CLI with its output in a file (the testing plugin is loaded when ``env`` asks for a fault)."""
+    def start(self, *args: str, env: dict | None = None, prefix: tuple[str, ...] = (), **popen) -> subprocess.Popen:
+        """Start the CLI with its output in a file (the testing plugin is loaded when ``env`` asks for a fault);
+        ``prefix``: a command it runs under (``nohup``); ``popen``: more of ``subprocess.Popen``'s arguments."""
         self.runs += 1
         self.output = self.cwd / f"cli-{self.tag[:8]}-{self.runs}.out"  # two Cli in one directory keep theirs
         with open(self.output, "w") as out:
-            cmd = [sys.executable, "-m", "rocm_yolo", *args]
-            return self.tagged.start(cmd, cwd=self.cwd, output=out, extra={**self.env, **(env or {})})
+            cmd = [*prefix, sys.executable, "-m", "rocm_yolo", *args]
+            return self.tagged.start(cmd, cwd=self.cwd, output=out, extra={**self.env, **(env or {})}, **popen)
 
     def environ(self) -> dict[str, str]:
         """The whole environment a run of this Cli gets (for another command that must look like one)."""
@@ -56,13 +57,16 @@ class Cli:
         return self.output.read_text(errors="replace")
 
     def run(self, *args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
-        proc = self.start(*args, env=env)
+        return self.wait(self.start(*args, env=env), timeout)
+
+    def wait(self, proc: subprocess.Popen, timeout: float = 240) -> subprocess.CompletedProcess:
+        """Wait for a started CLI to end: its exit status and output (all of it killed if it runs past ``timeout``)."""
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill_all()
             proc.wait()
-            raise AssertionError(f"rocm-yolo {' '.join(args)} did not finish in {timeout} s:\n{self.read()[-4000:]}")
+            raise AssertionError(f"{' '.join(proc.args[-6:])} did not finish in {timeout} s:\n{self.read()[-4000:]}")
         text = self.read()
         want = os.environ.get(EXPECT_VAR)
         if want:  # the training child itself says which Ultralytics it imported

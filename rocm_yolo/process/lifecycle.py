@@ -5,17 +5,20 @@
   the GPU;
 - each of them registers faulthandler on :data:`DUMP_SIGNAL`, which the watchdog sends to
   dump their Python stacks;
-- :data:`rocm_yolo.environment.SUPERVISOR_PID` names the supervisor to its descendants (py-spy may attach to them).
+- :data:`rocm_yolo.environment.SUPERVISOR_PID` names the supervisor to its descendants (py-spy may attach to them);
+- a stop that arrives during a checkpoint's save waits for the save to end (:func:`uninterrupted`).
 
 Torch-free and light (ctypes, psutil): the fork server's preload and every worker import it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import sys
+from typing import Callable, Iterator
 
 import psutil
 
@@ -78,3 +81,32 @@ def alive(pid: int | None) -> bool:
         return psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
     except (psutil.Error, ValueError, TypeError):
         return False
+
+
+_critical = 0  # uninterrupted blocks in progress (on the main thread, where signal handlers run)
+_deferred: list[Callable[[], None]] = []  # the stop that arrived inside one
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """A stop that arrives inside this block (a handler that calls :func:`stop_or_defer`) is carried out when the
+    block ends: a checkpoint's save completes, then the process stops."""
+    global _critical
+    _critical += 1
+    try:
+        yield
+    finally:
+        _critical -= 1
+        if not _critical and _deferred:
+            stop = _deferred[0]
+            _deferred.clear()
+            stop()
+
+
+def stop_or_defer(stop: Callable[[], None]) -> None:
+    """In a signal handler: ``stop()`` now, or when the :func:`uninterrupted` block in progress ends."""
+    if _critical:
+        if not _deferred:
+            _deferred.append(stop)
+        return
+    stop()

@@ -42,10 +42,14 @@ class Tagged:
             env.setdefault(environment.PLUGINS, "rocm_yolo.testing")  # the plugin of rocm_yolo.run.hooks
         return env
 
-    def start(self, cmd: Sequence[str], *, cwd, output, extra: Mapping[str, str] | None = None) -> subprocess.Popen:
+    def start(
+        self, cmd: Sequence[str], *, cwd, output, extra: Mapping[str, str] | None = None, **popen
+    ) -> subprocess.Popen:
         """Start ``cmd`` with its output (stdout and stderr) in the open file ``output``: a pipe would stay
-        open in orphans and fill up."""
-        return subprocess.Popen(list(cmd), cwd=cwd, env=self.environ(extra), stdout=output, stderr=subprocess.STDOUT)
+        open in orphans and fill up. ``popen``: more of ``subprocess.Popen``'s arguments (``start_new_session``)."""
+        return subprocess.Popen(
+            list(cmd), cwd=cwd, env=self.environ(extra), stdout=output, stderr=subprocess.STDOUT, **popen
+        )
 
     def processes(self) -> list[psutil.Process]:
         return with_env(self.var, self.tag)

@@ -46,6 +46,11 @@ def final_save(name: str, paths):
     return stack
 
 
+def epoch_save_writer(path) -> Callable | None:
+    """A writer ``(file, data)`` for an epoch's save of ``path`` (last.pt, ...; tests: a stop halfway), or None."""
+    return next((w for w in (fn(path) for fn in _answers("epoch_save_writer")) if w is not None), None)
+
+
 def arm_worker(dataset, run_dir) -> None:
     """In a DataLoader worker, first thing (tests: ``worker-hang`` makes its ``__getitem__`` block)."""
     for fn in _answers("arm_worker"):

@@ -60,6 +60,7 @@ class Supervisor:
         sleep=time.sleep,
         log: RunLog | None = None,
         user_resume: bool = False,
+        stop_self: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGSTOP),
     ):
         self.spec = spec
         self.config = config
@@ -69,6 +70,8 @@ class Supervisor:
         self.log = log or RunLog(spec.paths.log, spec.paths.events)
         self.user_resume = user_resume
         self.interrupted: int | None = None
+        self.suspend_requested = False
+        self.stop_self = stop_self  # Ctrl-Z: until the shell continues this process
         self.result = RunResult(state=State.RUNNING, exit_code=errors.FAILED, run_dir=spec.run_dir)
         self.started_wall = time.time()
         self._recovering_since: float | None = None
@@ -86,11 +89,34 @@ class Supervisor:
     def _on_signal(self, signum, frame) -> None:
         self.interrupted = signum
 
+    def _on_suspend(self, signum, frame) -> None:
+        self.suspend_requested = True
+
     def install_signal_handlers(self) -> dict:
+        """SIGINT, SIGTERM and SIGHUP (the terminal went away) stop the run; SIGTSTP (Ctrl-Z) stops the whole tree
+        with the supervisor, and it goes on with it. A signal the caller set to be ignored stays ignored: SIGHUP
+        under nohup, SIGINT in a background job."""
         previous = {}
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal went away
-            previous[sig] = signal.signal(sig, self._on_signal)
+        handlers = {signal.SIGINT: self._on_signal, signal.SIGTERM: self._on_signal, signal.SIGHUP: self._on_signal}
+        handlers[signal.SIGTSTP] = self._on_suspend
+        for sig, handler in handlers.items():
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                previous[sig] = signal.signal(sig, handler)
         return previous
+
+    def _suspend(self, child: Child, detector: StallDetector) -> None:
+        """Ctrl-Z: stop the training tree and this process; when the shell continues this one (fg, bg), continue the
+        tree. The time stopped is no hang."""
+        self.suspend_requested = False
+        self.log.event("suspended", "stopped (SIGTSTP): the training process tree is stopped too; fg or bg continues")
+        began = self.clock()
+        child.pause()
+        try:
+            self.stop_self()  # the shell sees the job stopped; SIGCONT goes on from here
+        finally:
+            child.unpause()
+        detector.pause(self.clock() - began)
+        self.log.event("continued", "continued: the training process tree goes on")
 
     # the loop ------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -199,6 +225,8 @@ class Supervisor:
         while True:
             if self.interrupted is not None:
                 return State.INTERRUPTED, ""
+            if self.suspend_requested:
+                self._suspend(child, detector)
             rc = child.poll()
             now = self.clock()
             # every heartbeat, and before acting on an exit: the first trained batch tells where a resume started,

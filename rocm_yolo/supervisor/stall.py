@@ -37,6 +37,10 @@ class StallDetector:
             self.steps.append(hb.step_max)
         return True
 
+    def pause(self, seconds: float) -> None:
+        """The run was stopped on purpose (Ctrl-Z) for ``seconds``: not time without progress."""
+        self.last_progress += seconds
+
     def timeout(self) -> float:
         t = max(self.config.stall_timeout, self.config.step_multiplier * max(self.steps, default=0.0))
         if not self.trained:

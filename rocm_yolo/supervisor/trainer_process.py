@@ -9,6 +9,7 @@ tests drive the loop with scripted children that keep the same :class:`Child` pr
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Protocol
@@ -41,6 +42,12 @@ class Child(Protocol):
 
     def kill(self) -> list[int]:
         """Stop its whole tree; the pids still alive after SIGKILL."""
+
+    def pause(self) -> None:
+        """Stop (SIGSTOP) its whole tree."""
+
+    def unpause(self) -> None:
+        """Continue (SIGCONT) its whole tree."""
 
 
 class PipeReader:
@@ -141,3 +148,9 @@ class TrainerProcess:
             pass
         self.beats.close()
         return left
+
+    def pause(self) -> None:
+        tree.send(tree.members(self.pid), signal.SIGSTOP)
+
+    def unpause(self) -> None:
+        tree.send(tree.members(self.pid), signal.SIGCONT)

@@ -49,6 +49,11 @@ def checkpoint_writer(paths, where: tuple[int, int]):
     return None if faults is None else faults.save_kill_writer(paths, where)
 
 
+def epoch_save_writer(path):
+    faults = _faults()
+    return None if faults is None else faults.epoch_save_writer(path)
+
+
 def final_save(name: str, paths):
     import contextlib
 

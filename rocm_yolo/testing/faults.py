@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 from rocm_yolo.environment import FAULT as ENV
@@ -50,7 +51,8 @@ CONV = CONV_AT_START + ("conv-slow", "conv-half-inference")
 SLOW_CONV_SECONDS = 0.02  # what conv-slow adds to every convolution
 FINAL_SAVE = ("final-save-stop", "final-save-kill")  # @last or @best: the end of training's rewrite of that file
 FINAL_VAL = ("final-val-stop",)  # the supervisor is stopped (SIGTERM) during the end of training's validation
-KINDS = TRAINING + CONV + FINAL_SAVE + FINAL_VAL
+EPOCH_SAVE = ("epoch-save-stop",)  # @EPOCH: the supervisor is stopped halfway through that epoch's save of last.pt
+KINDS = TRAINING + CONV + FINAL_SAVE + FINAL_VAL + EPOCH_SAVE
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,10 @@ def parse(text: str | None) -> list[Fault]:
             out.append(Fault(kind, where=where))
         elif kind in FINAL_VAL:
             out.append(Fault(kind))
+        elif kind in EPOCH_SAVE:
+            if not where.isdigit():
+                raise ValueError(f"{ENV}: {kind} needs the epoch whose save it stops, e.g. {kind}@2")
+            out.append(Fault(kind, epoch=int(where)))
         elif where == "setup" and kind == "bug":
             out.append(Fault(kind, where="setup"))
         elif where:
@@ -304,6 +310,38 @@ class Injector:
                 raise RuntimeError(f"injected crash ({ENV}) at epoch {f.epoch} batch {f.batch}")
             elif f.kind == "bug":
                 raise_bug(f"at epoch {f.epoch} batch {f.batch}")
+
+
+# --------------------------------------------------------------------------- an epoch's save
+
+
+def epoch_save_writer(path):
+    """``epoch-save-stop@E``: a writer ``(file, data)`` for epoch E's save of ``last.pt`` that writes half the file,
+    asks the supervisor to stop the run (SIGTERM to the trainer's parent, as Ctrl-C would), waits for the stop to
+    arrive, then writes the rest: the stop lands in the middle of the save. None for any other save."""
+    import io
+    import zipfile
+
+    from rocm_yolo.run.checkpoints import load
+
+    fault = find("epoch-save-stop")
+    if fault is None or Path(path).name != "last.pt":
+        return None
+    paths = RunPaths(Path(path).parent.parent)
+
+    def stop_halfway(f, data: bytes) -> None:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            epoch = load(z)[0].get("epoch", -1) + 1  # the checkpoint's 0-based epoch, 1-based
+        if epoch != fault.epoch or not claim(fault, paths):
+            f.write(data)
+            return
+        f.write(data[: len(data) // 2])
+        f.flush()
+        os.kill(os.getppid(), signal.SIGTERM)  # the supervisor stops the tree: SIGTERM reaches this process
+        time.sleep(3)  # the stop arrives meanwhile, and waits for the save to end
+        f.write(data[len(data) // 2 :])
+
+    return stop_halfway
 
 
 # --------------------------------------------------------------------------- the end of training

@@ -24,13 +24,18 @@ import signal
 import sys
 
 from rocm_yolo import environment, errors
+from rocm_yolo.process import lifecycle
 from rocm_yolo.run.spec import RunSpec
 
 _stopping = False
 
 
 def _on_sigterm(signum, frame):
-    # Runs between bytecodes: a checkpoint write in progress (one C call) completes first.
+    # Runs between bytecodes; during a checkpoint's save (an uninterrupted block) it waits for the save to end.
+    lifecycle.stop_or_defer(lambda: _stop(signum))
+
+
+def _stop(signum: int) -> None:
     # The supervisor is stopping us on purpose: what torch says about its workers dying
     # from the same signal is noise, so the terminal hears nothing more from this process.
     global _stopping

@@ -106,6 +106,10 @@ def setup(spec: RunSpec, log: RunLog) -> Environment:
         from rocm_yolo.patches import final_save
 
         final_save.install(spec.run_dir)  # the end of training rewrites last.pt and best.pt atomically
+    if not compat.missing_for(compat.EPOCH_SAVE_FEATURE):
+        from rocm_yolo.patches import epoch_save
+
+        epoch_save.install()  # each epoch's save of last.pt, best.pt and epochN.pt, atomically
     install_conv(spec, env)
     return env
 

@@ -31,6 +31,7 @@ from rocm_yolo.ultralytics_rules.versions import SUPPORTED_ULTRALYTICS, untested
 
 MID_EPOCH_FEATURE = "mid-epoch checkpoints (--checkpoint-every) and resuming inside an epoch"
 FINAL_SAVE_FEATURE = "the end of training's rewrite of last.pt and best.pt, written atomically"
+EPOCH_SAVE_FEATURE = "each epoch's save of last.pt and best.pt, written atomically (a stop never empties last.pt)"
 # Ultralytics' tracker callbacks (rocm_yolo.trainer.callbacks.trackers): the module, the global it calls its library
 # by, and the library's functions rocm-yolo adjusts, called where the callback opens its run: in
 # on_pretrain_routine_end, or on_pretrain_routine_start (W&B's, up to 8.4.158 at least).
@@ -89,7 +90,7 @@ def source(fn) -> str:
         return ""
 
 
-def _methodsource(cls, name: str) -> str:
+def _method_source(cls, name: str) -> str:
     """The source of ``cls.name`` as the package ships it.
 
     A plugin that replaced the method with a wrapper (without ``functools.wraps``) must not make
@@ -113,18 +114,18 @@ def _methodsource(cls, name: str) -> str:
     return ""
 
 
-def _trainersource(name: str) -> str:
-    return _methodsource(_trainer(), name)
+def _trainer_source(name: str) -> str:
+    return _method_source(_trainer(), name)
 
 
 def _workers_zeroed_before_callback() -> bool:
-    text = _trainersource("__init__")
+    text = _trainer_source("__init__")
     zeroed, callback = text.find("self.args.workers = 0"), text.find('run_callbacks("on_pretrain_routine_start")')
     return 0 <= zeroed < callback or (zeroed < 0 and callback >= 0)
 
 
 def _checkpoint_schema() -> bool:
-    text = _trainersource("save_model")
+    text = _trainer_source("save_model")
     return all(f'"{key}"' in text or f"'{key}'" in text for key in CHECKPOINT_KEYS)
 
 
@@ -137,7 +138,7 @@ def _loader_reset() -> bool:
 def _close_stops_iterator_workers() -> bool:
     from ultralytics.data.build import InfiniteDataLoader
 
-    return "_shutdown_workers" in _methodsource(InfiniteDataLoader, "close")
+    return "_shutdown_workers" in _method_source(InfiniteDataLoader, "close")
 
 
 def _loop_locals() -> bool:
@@ -145,7 +146,7 @@ def _loop_locals() -> bool:
     code = _trainer()._do_train.__code__
     names = set(code.co_varnames) | set(code.co_cellvars)
     frame_writable = sys.version_info >= (3, 13) or hasattr(ctypes.pythonapi, "PyFrame_LocalsToFast")
-    return frame_writable and all(n in names for n in LOOP_LOCALS) and LOOP_SOURCE in _trainersource("_do_train")
+    return frame_writable and all(n in names for n in LOOP_LOCALS) and LOOP_SOURCE in _trainer_source("_do_train")
 
 
 def _lazy_loader_iterator() -> bool:
@@ -157,19 +158,19 @@ def _lazy_loader_iterator() -> bool:
     from ultralytics.data.build import InfiniteDataLoader
 
     return (
-        re.search(r"self\.iterator(\s*:[^=\n]+)?\s*=\s*None\b", _methodsource(InfiniteDataLoader, "__init__"))
+        re.search(r"self\.iterator(\s*:[^=\n]+)?\s*=\s*None\b", _method_source(InfiniteDataLoader, "__init__"))
         is not None
     )
 
 
 def _running_loss_dict() -> bool:
     """``trainer.tloss`` is a dict of loss tensors (saved and restored with the loop's position)."""
-    return "self.loss_items.items()" in _trainersource("_do_train")
+    return "self.loss_items.items()" in _trainer_source("_do_train")
 
 
 def _resume_hook() -> bool:
-    setup = _trainersource("_setup_train")
-    return "self.resume_training(ckpt)" in setup and "start_epoch" in _trainersource("resume_training")
+    setup = _trainer_source("_setup_train")
+    return "self.resume_training(ckpt)" in setup and "start_epoch" in _trainer_source("resume_training")
 
 
 def _sampler_chain() -> bool:
@@ -180,14 +181,20 @@ def _sampler_chain() -> bool:
 
 def _resume_save_dir() -> bool:
     """A resume passes ``save_dir`` (the run directory where the checkpoint is now) through check_resume."""
-    return '"save_dir"' in _trainersource("check_resume")
+    return '"save_dir"' in _trainer_source("check_resume")
+
+
+def _epoch_save() -> bool:
+    """``save_model`` writes through the trainer's ``last`` and ``best`` paths (patches.epoch_save swaps them)."""
+    text = _trainer_source("save_model")
+    return "self.last.write_bytes(" in text and "self.best.write_bytes(" in text
 
 
 def _final_strip() -> bool:
     """``final_eval`` rewrites last.pt and best.pt through the module global ``strip_optimizer``."""
     import ultralytics.engine.trainer as module
 
-    return callable(module.__dict__.get("strip_optimizer")) and "strip_optimizer(self.last)" in _trainersource(
+    return callable(module.__dict__.get("strip_optimizer")) and "strip_optimizer(self.last)" in _trainer_source(
         "final_eval"
     )
 
@@ -319,6 +326,12 @@ REQUIREMENTS = (
         "type checks of KEY=VALUE before start (Ultralytics still checks them in the child)",
         False,
         _cfg_key_sets,
+    ),
+    Requirement(
+        "BaseTrainer.save_model writing self.last and self.best with write_bytes",
+        EPOCH_SAVE_FEATURE,
+        False,
+        _epoch_save,
     ),
     Requirement(
         "BaseTrainer.final_eval calling ultralytics.engine.trainer.strip_optimizer",

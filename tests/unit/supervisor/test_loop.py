@@ -158,3 +158,33 @@ def test_state_file_follows_the_running_attempt_and_profiles_do_not_leak_env(spe
     state = seen["state"]
     assert (state.attempt, state.profile, state.child_pid, state.restarts) == (2, "threads", 101, 1)
     assert Path(result.hangs[0].stacks).name == "hang-1-stacks.txt"
+
+
+def test_ctrl_z_stops_the_tree_with_the_supervisor_and_the_time_stopped_is_no_hang(spec):
+    """SIGTSTP: the child's tree is paused, the supervisor stops itself; continued after 1000 s (longer than any
+    stall timeout), the tree goes on and no hang is counted."""
+    clock = Clock()
+    child = steady(clock, 200, 1)
+    stopped = []
+
+    def stop_self():
+        stopped.append(child.paused)
+        clock.now += 1000
+
+    def sleep(dt):
+        clock.sleep(dt)
+        if clock.now == 50:
+            sup.suspend_requested = True
+
+    sup = Supervisor(
+        spec,
+        CONFIG,
+        child_factory=lambda s, c: child,
+        clock=clock,
+        sleep=sleep,
+        log=RunLog(stream=open(os.devnull, "w")),
+        stop_self=stop_self,
+    )
+    result = sup.run()
+    assert stopped == [True] and child.paused is False  # paused while the supervisor was stopped, then continued
+    assert result.exit_code == errors.OK and result.hangs == []
