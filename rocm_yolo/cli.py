@@ -83,7 +83,7 @@ def cmd_train(args, extra: list[str]) -> int:
     config = request.watchdog_config()  # its errors before anything is claimed
     spec = launch.prepare(request)
     started = time.time()
-    trained_before = _count_epochs(spec.paths.results) if spec.resume else 0
+    trained_before = _trained_before(spec)
     result = launch.run(spec, config, user_resume=request.resuming)
     _say_how_it_ended(result, started, trained_before)
     if request.data == "demo" and result.exit_code == errors.OK:
@@ -106,7 +106,7 @@ def _say_how_it_ended(result, started: float, trained_before: int = 0) -> None:
 
     paths = RunPaths(result.run_dir)
     if result.state == State.FINISHED:
-        epochs = _count_epochs(paths.results)
+        epochs = _last_epoch(paths.results)
         trained = f"{epochs} epoch{'s' if epochs != 1 else ''}"
         if 0 < trained_before < epochs:  # a resume: the epochs of this run, not the run's whole count
             trained = f"epochs {trained_before + 1}-{epochs}" if epochs > trained_before + 1 else f"epoch {epochs}"
@@ -126,11 +126,32 @@ def _say_how_it_ended(result, started: float, trained_before: int = 0) -> None:
         print(f"rocm-yolo: failed after {result.restarts} restart(s); see {paths.log}", file=sys.stderr)
 
 
-def _count_epochs(csv: Path) -> int:
+def _trained_before(spec) -> int:
+    """The epochs a resume starts after: its checkpoint's completed epochs (results.csv may hold rows the checkpoint
+    does not, e.g. after a fall back to the verified copy; the resume trims them)."""
+    if not spec.resume:
+        return 0
+    from rocm_yolo.ultralytics_rules.checkpoint import summary
+
+    found = summary(spec.resume)
+    if found is not None and found.epoch is not None and (found.epoch >= 0 or found.mid_epoch):
+        return found.epoch + 1  # a mid-epoch checkpoint's: the epochs before the one in progress (0 in epoch 1)
+    return _last_epoch(spec.paths.results)  # a stripped checkpoint's -1: no count
+
+
+def _last_epoch(csv: Path) -> int:
+    """The epoch of results.csv's last row (1-based), 0 without one."""
     try:
-        return max(len(csv.read_text().strip().splitlines()) - 1, 0)
+        rows = csv.read_text().strip().splitlines()
     except OSError:
         return 0
+    if len(rows) < 2:
+        return 0
+    header = [c.strip() for c in rows[0].split(",")]
+    try:
+        return int(float(rows[-1].split(",")[header.index("epoch")]))
+    except (ValueError, IndexError):
+        return len(rows) - 1
 
 
 def cmd_status(args) -> int:

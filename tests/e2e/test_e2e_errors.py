@@ -119,13 +119,15 @@ def _fill(disk: Path) -> None:
 @pytest.mark.e2e
 def test_a_full_disk_stops_the_run_keeps_its_checkpoint_and_says_so(cli, tiny_data, tmp_path):
     # A checkpoint with its optimizer state is 21 MB (Ultralytics 8.4.158) to 26 MB (8.4.190): on a 32 MB disk
-    # last.pt fits and best.pt does not.
+    # last.pt fits and best.pt does not. Each save is atomic (patches/epoch_save): best.pt's cut-short temporary file
+    # is removed, never left as a truncated best.pt.
     with small_tmpfs(tmp_path / "disk", 32) as disk:
         paths = RunPaths(disk / "runs" / "train")
         r = cli.run("train", str(tiny_data), "--epochs", "3", "--workers", "1", "--project", str(disk / "runs"), *TINY)
         line = one_error_line(r.stdout, r.returncode, errors.SETUP, "environment error")
         assert "no space left on device" in line and "restart" not in r.stdout
-        assert f"removed {paths.best}: its save was cut short" in r.stdout  # a truncated file is no checkpoint
+        assert not paths.best.exists() or checkpoints.verify(paths.best) is None  # never a truncated file
+        assert not list(paths.weights.glob(".*.tmp")) and not list(paths.run_dir.glob("internal-*.txt"))
         assert checkpoints.verify(paths.last) is None and f"the last loadable checkpoint is {paths.last}" in r.stdout
         assert "Traceback" in paths.setup_error(1).read_text() and read_state(paths.run_dir).state == "setup_failed"
         assert cli.leftovers() == []

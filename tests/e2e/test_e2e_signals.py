@@ -56,7 +56,7 @@ def test_a_stop_in_the_middle_of_an_epochs_save_leaves_last_pt_whole_and_resumab
     assert f"resume with: rocm-yolo train --resume {paths.last}" in r.stdout
     r = cli.run("train", "--resume", str(paths.last), timeout=300)
     assert r.returncode == 0, r.stdout[-3000:]
-    assert epochs_in(run) == [1, 2, 3]
+    assert epochs_in(run) == [1, 2, 3] and "done: epoch 3 in" in r.stdout
 
 
 def test_under_nohup_a_hangup_does_not_stop_the_run(cli, tiny_data, tmp_path):

@@ -131,3 +131,26 @@ def test_cli_rejects_a_bad_interval_in_one_line_with_exit_2(value, tmp_path):
         "or 0 to turn mid-epoch checkpoints off"
     ]
     assert not (tmp_path / "runs").exists()  # nothing started, nothing claimed
+
+
+def test_done_counts_from_the_resumed_checkpoint_not_from_results_csv(tmp_path):
+    """A resume from epoch 2 (the verified copy) of a run whose results.csv holds 3 rows: the run trains epochs 3..6
+    and results.csv ends on epoch 6 (the resume trimmed it): "epochs 3-6", not "4-6" or "3-7"."""
+    import pickle
+    from types import SimpleNamespace
+
+    from helpers import fake_checkpoint
+    from rocm_yolo.run.midepoch import MID_EPOCH_KEY
+
+    results = tmp_path / "results.csv"
+    results.write_text("epoch,   train/box_loss\n1,0.5\n2,0.4\n3,0.3\n")
+    good = fake_checkpoint(tmp_path / "last_good.pt", pickle.dumps({"epoch": 1, "train_args": {"epochs": 6}}))
+    spec = SimpleNamespace(resume=str(good), paths=SimpleNamespace(results=results))
+    assert cli_module._trained_before(spec) == 2
+    assert cli_module._trained_before(SimpleNamespace(resume=None, paths=spec.paths)) == 0
+    stripped = fake_checkpoint(tmp_path / "last.pt", pickle.dumps({"epoch": -1, "train_args": {"epochs": 3}}))
+    assert cli_module._trained_before(SimpleNamespace(resume=str(stripped), paths=spec.paths)) == 3  # results.csv
+    mid = fake_checkpoint(tmp_path / "ep1-ba1.pt", pickle.dumps({"epoch": -1, MID_EPOCH_KEY: {}, "train_args": {}}))
+    assert cli_module._trained_before(SimpleNamespace(resume=str(mid), paths=spec.paths)) == 0  # inside epoch 1
+    results.write_text("epoch,   train/box_loss\n" + "".join(f"{e},0.1\n" for e in (1, 2, 3, 4, 5, 6)))
+    assert cli_module._last_epoch(results) == 6 and cli_module._last_epoch(tmp_path / "none.csv") == 0
