@@ -35,6 +35,7 @@ from rocm_yolo.run.profiles import DEFAULT_PROFILE, PROFILES
 from rocm_yolo.ultralytics_rules.tasks import CLASSIFY, DETECT, OBB, POSE, SEGMENT
 
 DATA_TASKS = (DETECT, SEGMENT, POSE, OBB, CLASSIFY)  # the tasks whose data the doctor checks
+CACHE_CHOICES = ("ram", "disk", "false")  # Ultralytics' cache= (True is ram)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help=f"training image size for the shared-memory estimate (default {_default('imgsz')}; "
         f"for demo: {DEMO_DEFAULTS['imgsz']})",
+    )
+    parser.add_argument(
+        "--cache",
+        choices=CACHE_CHOICES,
+        default="false",
+        help="the run's cache= (ram: Ultralytics' image cache counts in the shared-memory estimate; default false)",
     )
     parser.add_argument(
         "--profile",
@@ -128,6 +135,7 @@ def options_from_args(args: argparse.Namespace) -> Options:
         workers=args.workers,
         batch=batch,
         imgsz=imgsz,
+        cache=getattr(args, "cache", "false") or "false",
         profile=args.profile,
         timeout=float(args.timeout),
         skip=skip,

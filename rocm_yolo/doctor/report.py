@@ -53,6 +53,7 @@ class Options:
     workers: int | None = None  # None: the profile's default
     batch: int = field(default_factory=lambda: train_sizes()["batch"])
     imgsz: int = field(default_factory=lambda: train_sizes()["imgsz"])
+    cache: str = "false"  # the run's cache=: "ram" counts Ultralytics' image cache in the shared-memory need
     profile: str = DEFAULT_PROFILE
     timeout: float = 120.0  # per subprocess step (DataLoader: from the moment the data set is built)
     skip: frozenset = frozenset()

@@ -222,6 +222,49 @@ def shm_row(total: int, free: int, need: int, plan: dict, how: str) -> Row:
     return Row("shm.size", "shared memory", OK, f"/dev/shm {_gib(free)} free, need ~{_gib(need)} ({how})", data=data)
 
 
+def ram_cache_row(opts: Options, plan: dict, free: int | None) -> Row | None:
+    """``--cache ram`` with worker processes that get the dataset pickled: shared through /dev/shm (Ultralytics
+    does it with twice the cache free there), or a copy in every worker, which the run avoids (threads, or a
+    refusal with --profile); None when nothing is pickled or the data cannot be listed."""
+    from rocm_yolo.doctor.data_checks import data_task
+    from rocm_yolo.ultralytics_rules.data import cache as ucache
+    from rocm_yolo.ultralytics_rules.tasks import CLASSIFY
+
+    if opts.cache != "ram" or not plan["workers"] or plan["start_method"] == "fork" or opts.data is None:
+        return None
+    task = data_task(opts)
+    images = ucache.split_images(str(opts.data), task)
+    if not any(images):
+        return None
+    found = ucache.estimate(images, opts.imgsz)
+    data = {"cache_bytes": found.bytes, "images": found.images, "free": free}
+    shares = task != CLASSIFY and ucache.shares_ram_cache()
+    if shares and free is not None and free >= 2 * found.bytes:
+        return Row(
+            "shm.cache",
+            "cache=ram",
+            OK,
+            f"~{found.describe()}, shared with the DataLoader workers through /dev/shm ({_gib(free)} free, "
+            "twice the cache needed)",
+            data=data,
+        )
+    why = (
+        f"/dev/shm has {_gib(free or 0)} free, Ultralytics shares the cache only with twice its size free"
+        if shares
+        else "this Ultralytics copies its cache into each worker process"
+    )
+    return Row(
+        "shm.cache",
+        "cache=ram",
+        WARN,
+        f"~{found.describe()}: {why}; each of {plan['workers']} workers would get a copy, so rocm-yolo loads in "
+        "threads instead (profile threads), or refuses a run that names another --profile",
+        f"Docker: --shm-size={max(1, round(2.5 * found.bytes / 2**30))}g or --ipc=host; or cache=disk; "
+        "or --profile threads",
+        data=data,
+    )
+
+
 def check_shm(opts: Options) -> Iterator[Row]:
     plan = loader_plan(opts)
     need = shm_need(plan["workers"], plan["val_workers"], plan["prefetch"], opts.batch, opts.imgsz)
@@ -236,6 +279,10 @@ def check_shm(opts: Options) -> Iterator[Row]:
     except OSError as e:
         total = free = None
         err = e
+    cache = ram_cache_row(opts, plan, free)
+    if cache is not None and cache.status == OK:  # the cache lives in /dev/shm too, and needs twice its size there
+        need += 2 * cache.data["cache_bytes"]
+        how += f" + cache=ram {_gib(cache.data['cache_bytes'])} x 2"
     if total is None:
         yield Row(
             "shm.size",
@@ -247,6 +294,8 @@ def check_shm(opts: Options) -> Iterator[Row]:
         )
     else:
         yield shm_row(total, free, need, plan, how)
+    if cache is not None:
+        yield cache
     soft, hard = opts.nofile or resource.getrlimit(resource.RLIMIT_NOFILE)
     data = {"soft": soft, "hard": hard}
     shown = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)

@@ -12,12 +12,9 @@ what to give: Docker's ``--shm-size`` or ``--ipc=host``, ``cache=disk``, or ``--
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run.profiles import LoaderSettings
 from rocm_yolo.ultralytics_rules.data import cache as ucache
-from rocm_yolo.ultralytics_rules.data.datasets import DataError, image_files, load_spec, walk_images
 from rocm_yolo.ultralytics_rules.tasks import CLASSIFY
 
 SHARES = "forkserver", "spawn"  # start methods that pickle the dataset into each worker (fork shares it)
@@ -27,25 +24,13 @@ def wants_ram(train_args: dict) -> bool:
     return train_args.get("cache") in (True, "ram", "True", "true")
 
 
-def split_images(data: str, task: str) -> list[list[str]]:
-    """The train and val images of ``data`` as Ultralytics caches them ([] where they cannot be listed here)."""
-    path = Path(data)
-    try:
-        if task == CLASSIFY:
-            return [list(walk_images(path / split)) for split in ("train", "val") if (path / split).is_dir()]
-        spec = load_spec(path)
-    except (OSError, DataError):
-        return []
-    return [image_files(spec.splits.get(split, []))[0] for split in ("train", "val")]
-
-
 def plan(data: str, task: str, imgsz: int, loader: LoaderSettings, profile_given: bool) -> tuple[str | None, str]:
     """For a run with ``cache=ram``: (the profile to run on instead, or None to keep it; a line for the header).
 
     Raises :class:`UsageError` when the workers would each get a copy and the user chose the profile."""
     if not loader.workers or loader.start_method not in SHARES:
         return None, ""  # no worker process, or fork (copy-on-write): nothing is pickled
-    images = split_images(data, task)
+    images = ucache.split_images(data, task)
     if not any(images):
         return None, ""
     found = ucache.estimate(images, imgsz)
@@ -54,10 +39,10 @@ def plan(data: str, task: str, imgsz: int, loader: LoaderSettings, profile_given
     if shared and shm is not None and shm[1] >= 2 * found.bytes:
         return None, (
             f"cache=ram: about {found.describe()}, shared with the DataLoader workers through /dev/shm "
-            f"({shm[1] / 2**30:.1f} GB free, twice the cache needed)"
+            f"({shm[1] / 2**30:.1f} GiB free, twice the cache needed)"
         )
     why = f"cache=ram holds about {found.describe()}; the DataLoader workers would each get a copy of it" + (
-        f" (/dev/shm has {shm[1] / 2**30:.1f} GB free, it needs twice the cache)" if shared and shm else ""
+        f" (/dev/shm has {shm[1] / 2**30:.1f} GiB free, it needs twice the cache)" if shared and shm else ""
     )
     if profile_given:
         raise UsageError(

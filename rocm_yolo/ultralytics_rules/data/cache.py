@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocm_yolo.ultralytics_rules.config import package_dir
+from rocm_yolo.ultralytics_rules.data.datasets import DataError, image_files, load_spec, walk_images
+from rocm_yolo.ultralytics_rules.tasks import CLASSIFY
 
 SAMPLE = 30  # images read to estimate, as check_cache_ram does
 SHM = Path("/dev/shm")
@@ -28,7 +30,20 @@ class CacheEstimate:
     images: int
 
     def describe(self) -> str:
-        return f"{self.bytes / 2**30:.1f} GB for {self.images:,} images"
+        size = f"{self.bytes / 2**30:.1f} GiB" if self.bytes >= 2**30 else f"{self.bytes / 2**20:.1f} MiB"
+        return f"{size} for {self.images:,} images"
+
+
+def split_images(data: str, task: str) -> list[list[str]]:
+    """The train and val images of ``data`` as Ultralytics caches them ([] where they cannot be listed here)."""
+    path = Path(data)
+    try:
+        if task == CLASSIFY:
+            return [list(walk_images(path / split)) for split in ("train", "val") if (path / split).is_dir()]
+        spec = load_spec(path)
+    except (OSError, DataError):
+        return []
+    return [image_files(spec.splits.get(split, []))[0] for split in ("train", "val")]
 
 
 def estimate(image_sets: list[list[str]], imgsz: int, seed: int = 0) -> CacheEstimate:

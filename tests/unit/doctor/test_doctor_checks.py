@@ -174,6 +174,34 @@ def test_docker_default_shm_is_too_small():
     assert doctor_system.shm_row(32 * 2**30, 2**20, need, plan, "test").status == WARN
 
 
+def test_cache_ram_counts_in_the_shared_memory_need(tmp_path, monkeypatch):
+    """``--cache ram``: the demo's 24 images at imgsz 32 (72 KiB) count twice in /dev/shm when Ultralytics shares its
+    cache there; with too little free, or an Ultralytics that copies it per worker, a warning with the fixes."""
+    from rocm_yolo.launch.demo import write_demo
+    from rocm_yolo.ultralytics_rules.data import cache as ucache
+
+    data = write_demo(tmp_path / "d", train=16, val=8, size=64)
+    cache = 24 * 32 * 32 * 3
+    opts = Options(data=data, workers=2, cpus=4, batch=4, imgsz=32, cache="ram")
+    plan = {"workers": 2, "val_workers": 4, "prefetch": 2, "start_method": "forkserver"}
+    monkeypatch.setattr(ucache, "shares_ram_cache", lambda: True)
+    row = doctor_system.ram_cache_row(opts, plan, free=2 * cache)
+    assert row.status == OK and row.data["cache_bytes"] == cache and "shared with the DataLoader workers" in row.found
+    for free, shares in ((2 * cache - 1, True), (10 * cache, False)):
+        monkeypatch.setattr(ucache, "shares_ram_cache", lambda shares=shares: shares)
+        row = doctor_system.ram_cache_row(opts, plan, free=free)
+        assert row.status == WARN and "each of 2 workers would get a copy" in row.found
+        assert all(fix in row.fix for fix in ("--shm-size=1g", "--ipc=host", "cache=disk", "--profile threads"))
+    assert doctor_system.ram_cache_row(Options(data=data, workers=2, cache="disk"), plan, 0) is None
+    assert doctor_system.ram_cache_row(opts, dict(plan, workers=0), 0) is None
+    batches = {r.check: r for r in doctor_system.check_shm(Options(data=data, workers=2, cpus=4, batch=4, imgsz=32))}
+    monkeypatch.setattr(ucache, "shares_ram_cache", lambda: True)
+    rows = {r.check: r for r in doctor_system.check_shm(opts)}
+    if rows["shm.cache"].status == OK:  # this machine's /dev/shm holds the cache twice
+        assert rows["shm.size"].data["need"] == batches["shm.size"].data["need"] + 2 * cache
+        assert "+ cache=ram" in rows["shm.size"].found
+
+
 def test_low_open_file_limit_warns():
     rows = rows_by_check(doctor_system.check_shm(Options(workers=2, nofile=(256, 4096), cpus=4)))
     assert rows["shm.nofile"].status == WARN and "ulimit -n" in rows["shm.nofile"].fix
