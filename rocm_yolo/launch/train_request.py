@@ -23,6 +23,10 @@ from rocm_yolo.supervisor.config import DEFAULTS as WATCHDOG
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.ultralytics_rules import config as ucfg
 
+# The shortest --stall-timeout and --startup-grace: an epoch's end, a save or a validation's start pass seconds
+# without a heartbeat (with 1 s the final validation was called a hang).
+MIN_WATCH_SECONDS = 10.0
+
 
 def _option(help: str, *, ultralytics: bool = False, group: str = "train", **argparse_kwargs) -> dict:
     """A field's metadata: its help, whether Ultralytics also takes it as a train argument, its parser options."""
@@ -105,8 +109,8 @@ class TrainRequest:
     stall_timeout: Any = field(
         default=None,
         metadata=_option(
-            f"a hang is no progress for this long at least (default: {WATCHDOG.stall_timeout:g}; grows with slow "
-            "steps)",
+            f"a hang is no progress for this long at least (default: {WATCHDOG.stall_timeout:g}, at least "
+            f"{MIN_WATCH_SECONDS:g}; grows with slow steps)",
             group="watchdog",
             type=float,
             metavar="SECONDS",
@@ -115,7 +119,8 @@ class TrainRequest:
     startup_grace: Any = field(
         default=None,
         metadata=_option(
-            f"allowance before the first training batch of each attempt (default: {WATCHDOG.startup_grace:g})",
+            f"allowance before the first training batch of each attempt (default: {WATCHDOG.startup_grace:g}, at "
+            f"least {MIN_WATCH_SECONDS:g})",
             group="watchdog",
             type=float,
             metavar="SECONDS",
@@ -176,7 +181,16 @@ class TrainRequest:
             for k in ("stall_timeout", "startup_grace", "max_restarts")
             if getattr(self, k) is not None
         }
-        return WatchdogConfig(enabled=self.watchdog, ladder=_ladder(self.fallback), **given)
+        config = WatchdogConfig(enabled=self.watchdog, ladder=_ladder(self.fallback), **given)  # > 0 and finite
+        for key in ("stall_timeout", "startup_grace"):
+            if key in given and given[key] < MIN_WATCH_SECONDS:
+                flag = "--" + key.replace("_", "-")
+                raise UsageError(
+                    f"{flag} {given[key]:g} is too short: an epoch's end, a save or the start of a validation pass "
+                    f"seconds without a heartbeat, which the watchdog would call a hang: give {flag} "
+                    f"{MIN_WATCH_SECONDS:g} or more"
+                )
+        return config
 
 
 ULTRALYTICS_FLAGS = tuple(f.name for f in fields(TrainRequest) if f.metadata.get("ultralytics"))

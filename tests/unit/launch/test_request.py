@@ -168,3 +168,13 @@ def test_cli_refuses_labels_ultralytics_would_refuse(task_data, tmp_path):
     ownership.release(spec.run_dir)
     [note] = [n for n in spec.notes if n.startswith("data:")]
     assert "1 of the first 8 train label files" in note and "train_003.txt:2: 6 numbers" in note
+
+
+@pytest.mark.parametrize("key", ["stall_timeout", "startup_grace"])
+def test_a_watchdog_too_short_to_tell_a_pause_from_a_hang_is_refused(key):
+    """``--stall-timeout 1`` called the final validation a hang (issue 27): below 10 s it is a usage error, from the
+    CLI and the Python API alike; 10 s is accepted."""
+    flag = "--" + key.replace("_", "-")
+    with pytest.raises(UsageError, match=f"^{flag} 1 is too short: .* give {flag} 10 or more$"):
+        TrainRequest(**{key: 1}).watchdog_config()
+    assert getattr(TrainRequest(**{key: 10}).watchdog_config(), key) == 10
