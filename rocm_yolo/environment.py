@@ -15,7 +15,8 @@ Set by users:
 
 - :data:`CACHE_DIR`: rocm-yolo's cache (:func:`cache_dir`); :data:`DEMO_DIR`: the demo data set;
 - :data:`KFD_ROOT`: the GPU topology (a fake tree in tests, a mounted system image);
-- :data:`GEMM_CHUNK_MB`: the unfold buffer of the ``gemm`` Conv2d strategy.
+- :data:`GEMM_CHUNK_MB`: the unfold buffer of the ``gemm`` Conv2d strategy;
+- :data:`NOTIFY`: a command run for each event of a training run (``rocm-yolo train --notify``'s default).
 
 For tests and benchmarks only:
 
@@ -44,6 +45,7 @@ CACHE_DIR = "ROCM_YOLO_CACHE_DIR"
 DEMO_DIR = "ROCM_YOLO_DEMO_DIR"
 KFD_ROOT = "ROCM_YOLO_KFD_ROOT"
 GEMM_CHUNK_MB = "ROCM_YOLO_GEMM_CHUNK_MB"
+NOTIFY = "ROCM_YOLO_NOTIFY"
 
 # tests and benchmarks
 PLUGINS = "ROCM_YOLO_PLUGINS"

@@ -32,6 +32,7 @@ OK = 0  # training done
 FAILED = 1  # failed after the allowed restarts, or a training error
 USAGE = 2  # bad arguments, data or checkpoint: nothing was started or changed
 SETUP = 4  # the environment is broken (torch, GPU runtime, disk full or read-only, offline): not retried
+SAME_FAILURE = 5  # the same failure twice at the same place: a restart (or a requeue) cannot help
 INTERNAL = 123  # a rocm-yolo bug: the traceback is kept and the line says where
 HANGUP = 129  # SIGHUP: the terminal went away
 PIPE_CLOSED = 141  # the reader of the output went away (as a command killed by SIGPIPE exits)
@@ -43,7 +44,8 @@ CHILD_FINISHED = 3  # the checkpoint to resume belongs to a run that has already
 
 HELP = (
     "exit codes: 0 done; 1 failed after retries or a training error; 2 usage error; "
-    "4 environment/setup error (not retried); 123 internal error (a rocm-yolo bug); "
+    "4 environment/setup error, a GPU fault or GPU out of memory (not retried); 5 the same failure twice at the "
+    "same place; 123 internal error (a rocm-yolo bug); "
     "129/130/143 stopped by SIGHUP/Ctrl-C/SIGTERM"
 )
 
