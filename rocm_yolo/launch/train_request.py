@@ -12,10 +12,12 @@ request is raw: :func:`rocm_yolo.launch.validation.make_spec` validates it into 
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from rocm_yolo import environment
 from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run.profiles import DEFAULT_PROFILE, PROFILES, parse_ladder
@@ -138,6 +140,15 @@ class TrainRequest:
             metavar="P1,P2,...",
         ),
     )
+    notify: Any = field(
+        default=None,
+        metadata=_option(
+            f"run CMD through the shell at each event of the run (started, hang, crash, restart, finished, failed, "
+            f"stopped), one JSON object on its stdin (default: ${environment.NOTIFY}); bounded, never delays training",
+            group="watchdog",
+            metavar="CMD",
+        ),
+    )
     overrides: Mapping[str, Any] = field(default_factory=dict)  # KEY=VALUE: Ultralytics train args, loader settings
 
     @classmethod
@@ -176,7 +187,8 @@ class TrainRequest:
             for k in ("stall_timeout", "startup_grace", "max_restarts")
             if getattr(self, k) is not None
         }
-        return WatchdogConfig(enabled=self.watchdog, ladder=_ladder(self.fallback), **given)
+        notify = self.notify if self.notify is not None else os.environ.get(environment.NOTIFY)
+        return WatchdogConfig(enabled=self.watchdog, ladder=_ladder(self.fallback), notify=notify or None, **given)
 
 
 ULTRALYTICS_FLAGS = tuple(f.name for f in fields(TrainRequest) if f.metadata.get("ultralytics"))

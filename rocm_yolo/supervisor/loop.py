@@ -1,9 +1,13 @@
-"""The supervisor: run the training child, notice when it stalls or dies, recover.
+"""The supervisor: run the training child, notice when it stalls or dies, find out why, act on the cause, tell.
 
 One monitor loop, one decision per tick: the child is healthy (keep watching), finished
-(done), made a user error (give up, exit 2), or stalled/crashed (spend a restart: dump the
-stacks, kill the whole tree, resume the newest checkpoint on the next profile of the
-fallback ladder). The states and their transitions are in :mod:`.states`.
+(done), made a user error (give up, exit 2), or stalled/crashed: dump the stacks, kill the
+whole tree, diagnose the failure from its evidence (:mod:`.evidence`, :mod:`.diagnosis`), and
+apply the remedy for its class (:mod:`.remedies`): resume the newest checkpoint on the next
+profile of the fallback ladder, on the same profile once the GPU is released, with RCCL's
+peer-to-peer off, or stop with a verdict. Each event reaches the terminal, ``events.jsonl``,
+the notify command and ``metrics.prom`` (:mod:`.reporting`). The states and their transitions
+are in :mod:`.states`.
 
 Policy only: the process machinery sits behind the child factory (:class:`.trainer_process.TrainerProcess`, a
 :class:`.trainer_process.Child`),
@@ -20,11 +24,13 @@ from pathlib import Path
 from typing import Callable
 
 from rocm_yolo import errors, triage
+from rocm_yolo.gpu.release import Release, wait_released
 from rocm_yolo.process.lifecycle import signal_name
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.run.supervisor_state import (
+    Failure,
     Hang,
     Recovery,
     State,
@@ -33,7 +39,11 @@ from rocm_yolo.run.supervisor_state import (
     read_state,
     write_state,
 )
+from rocm_yolo.supervisor import evidence, remedies
 from rocm_yolo.supervisor.config import WatchdogConfig
+from rocm_yolo.supervisor.diagnosis import GPU_CLASSES, diagnose
+from rocm_yolo.supervisor.evidence import Machine
+from rocm_yolo.supervisor.reporting import Reporter
 from rocm_yolo.supervisor.restart import last_loadable, next_spec, tidy_finished
 from rocm_yolo.supervisor.stall import StallDetector
 from rocm_yolo.supervisor.states import EXIT_STATES, RUN_EXIT, RunResult
@@ -59,6 +69,8 @@ class Supervisor:
         sleep=time.sleep,
         log: RunLog | None = None,
         user_resume: bool = False,
+        machine: Machine | None = None,
+        gpu_wait: Callable[[list, Machine], Release] | None = None,
     ):
         self.spec = spec
         self.config = config
@@ -74,6 +86,15 @@ class Supervisor:
         self._failed_at = 0.0  # when the last attempt was found stalled or crashed (clock)
         self._state_error = False
         self.work = WorkLost()
+        self.reporter = Reporter(spec.run_dir, config, self.log, clock)
+        self.machine = machine  # read before the first attempt: the VRAM in use without this run
+        self.gpu_wait = gpu_wait or self._wait_released
+        self.failures: list[Failure] = []  # this run's, diagnosed (a resumed run's earlier ones are history)
+        self.decision: remedies.Decision | None = None  # what to do about the newest failure
+        self.remedy_env: dict = {}  # variables a remedy gave the attempts after it (NCCL_P2P_DISABLE=1)
+        self._detected: dict = {}  # the newest failure as noticed: when, where, the exit code, the stderr
+        self._attempt_began = time.time()
+        self._failed_pids: list[int] = []
         previous = read_state(spec.run_dir) if user_resume else None
         if previous:  # a resumed run keeps its history of hangs and restarts
             self.result.hangs = list(previous.hangs)
@@ -93,8 +114,16 @@ class Supervisor:
 
     # the loop ------------------------------------------------------------------------------
     def run(self) -> RunResult:
+        try:
+            return self._run()
+        finally:
+            self.reporter.close()  # the last event gets a few seconds; no notify command outlives the run
+
+    def _run(self) -> RunResult:
         spec = self.spec
         restarts_left = self.config.max_restarts if self.config.enabled else 0
+        if self.machine is None:
+            self.machine = Machine.read()
         while True:
             if self.interrupted is not None:  # a signal during the previous kill: start nothing new
                 return self._interrupted(spec)
@@ -102,6 +131,8 @@ class Supervisor:
             ended = self._ended(outcome, spec)
             if ended is not None:
                 return ended
+            if self.decision is not None and self.decision.stops:
+                return self._stop(spec)
             if restarts_left <= 0:
                 self.log.event("give_up", f"{info}; no restarts left (--max-restarts {self.config.max_restarts})")
                 return self._finish(State.FAILED, spec)
@@ -120,8 +151,14 @@ class Supervisor:
             self._cannot_start(e)
             return State.SETUP_FAILED, ""
         self._write_state(State.RUNNING, spec, child_pid=child.pid)
+        if spec is self.spec:
+            self.reporter.event("started", None, attempt=spec.attempt, profile=spec.profile, say=False, pid=child.pid)
+        self._attempt_began = time.time()
+        pids: list[int] = []
         try:
             outcome, info = self._watch(child, spec)
+            if outcome in (State.STALLED, State.CRASHED):
+                pids = child.pids()  # before the kill: the KFD lists them until the GPU lets them go
         finally:
             left = child.kill()  # the tree goes on every path: done, stalled, crashed, interrupted
             if left:
@@ -129,10 +166,12 @@ class Supervisor:
                     "leftover", f"processes still alive after SIGKILL (stuck in the kernel?): {left}", pids=left
                 )
         if outcome in (State.STALLED, State.CRASHED):
+            failure = self._diagnose(child, spec, outcome, pids)
             cut = self.work.failed(
                 "hang" if outcome == State.STALLED else "crash",
                 self._failed_at,
                 self.result.hangs[-1].stalled_seconds if outcome == State.STALLED else 0.0,
+                failure=failure.cls,
             )
             self._retrained(cut)
         return outcome, info
@@ -158,17 +197,30 @@ class Supervisor:
         return None
 
     def _restart(self, spec: RunSpec, restarts_left: int) -> RunSpec:
-        spec = next_spec(spec, self.config.ladder, self.log)
+        action = self.decision.action if self.decision is not None else remedies.LADDER
+        failure = self.failures[-1] if self.failures else None
+        if failure is not None and failure.cls in GPU_CLASSES:
+            self._wait_for_gpu()
+        self.remedy_env.update(self.decision.env if self.decision is not None else {})
+        spec = next_spec(spec, self.config.ladder if action == remedies.LADDER else (spec.profile,), self.log)
+        if self.remedy_env:
+            spec = spec.with_changes(env={**spec.env, **self.remedy_env})
         self.result.restarts += 1
-        self.log.event(
+        how = f"with profile '{spec.profile}'"
+        if action != remedies.LADDER and failure is not None:
+            how = f"on the same profile '{spec.profile}' ({failure.cls}: the loader is not the cause)"
+        if action == remedies.P2P_OFF:
+            how = f"on the same profile '{spec.profile}' {self.decision.reason}"
+        self.reporter.event(
             "restart",
-            f"restart {self.config.max_restarts - restarts_left}/{self.config.max_restarts} "
-            f"with profile '{spec.profile}'"
+            f"restart {self.config.max_restarts - restarts_left}/{self.config.max_restarts} {how}"
             + (f" from {spec.resume}" if spec.resume else " from the start (no checkpoint yet)")
             + f" ({restarts_left} left)",
             attempt=spec.attempt,
             profile=spec.profile,
+            cls=failure.cls if failure else None,
             resume=spec.resume,
+            remedy=action,
         )
         return spec
 
@@ -213,30 +265,21 @@ class Supervisor:
                 if rc in EXIT_STATES:
                     return EXIT_STATES[rc], ""
                 self._failed_at = now
-                self.log.event(
-                    "crash",
-                    f"training process exited with code {rc} (attempt {spec.attempt})",
-                    code=rc,
-                    attempt=spec.attempt,
-                )
+                self._detected = {"time": time.time(), "exit_code": rc, "hb": hb, "stderr": child.stderr_tail()}
+                how = f"code {rc}" + (f" ({signal_name(-rc)})" if rc < 0 else "")
+                self.log.info(f"training process exited with {how} (attempt {spec.attempt})")
                 return State.CRASHED, f"training process exited with code {rc}"
             if self.config.enabled and detector.stalled(now):
                 return State.STALLED, self._on_stall(child, spec, detector, hb, now)
+            self.reporter.tick(hb)
             self.sleep(self.config.poll_interval)
 
     def _on_stall(self, child: Child, spec: RunSpec, detector: StallDetector, hb: Heartbeat | None, now: float) -> str:
         where = f"epoch {hb.epoch}/{hb.epochs}, {hb.phase} batch {hb.batch}/{hb.batches}" if hb else "during start-up"
         where += _ranks_heard(child.ranks)
         stalled = detector.stalled_for(now)
-        self.log.event(
-            "hang",
-            f"no progress for {stalled:.0f} s (timeout {detector.timeout():.0f} s) at {where}: hang",
-            epoch=hb.epoch if hb else None,
-            batch=hb.batch if hb else None,
-            phase=hb.phase if hb else None,
-            seconds=round(stalled, 1),
-            attempt=spec.attempt,
-        )
+        self._detected = {"time": time.time(), "hb": hb, "seconds": round(stalled, 1)}
+        self.log.info(f"no progress for {stalled:.0f} s (timeout {detector.timeout():.0f} s) at {where}: hang")
         out = spec.paths.hang_stacks(spec.attempt)  # attempts count on across resumes
         try:
             path = child.dump_stacks(out)
@@ -258,6 +301,83 @@ class Supervisor:
         self._recovering_since = self._failed_at = now
         self.log.event("kill", f"stopping the training process tree (pid {child.pid})", pid=child.pid)
         return f"hang at {where}"
+
+    # the cause, and its remedy --------------------------------------------------------------
+    def _diagnose(self, child: Child, spec: RunSpec, outcome: State, pids: list[int]) -> Failure:
+        """What the failure was (the evidence, its class, the report), and what to do about it (``self.decision``)."""
+        detected, hang = self._detected, outcome == State.STALLED
+        hb = detected.get("hb")
+        stderr = detected["stderr"] if "stderr" in detected else child.stderr_tail()
+        report = spec.paths.hang_stacks(spec.attempt) if hang else spec.paths.crash(spec.attempt)
+        self._failed_pids = sorted(set(pids) | {child.pid})
+        found = evidence.gather(
+            spec,
+            "hang" if hang else "crash",
+            exit_code=detected.get("exit_code"),
+            stderr=stderr,
+            stacks=report if hang and report.is_file() else None,
+            kernel_path=self.config.kernel_log,
+            window=(self._attempt_began, time.time()),
+            pids=set(self._failed_pids),
+            gpus=self.machine.gpus,
+        )
+        diagnosis = diagnose(found)
+        where = evidence.where(hb)
+        written = evidence.write_report(report, diagnosis, found, where)
+        failure = evidence.failure(spec.attempt, found.failure, diagnosis, hb, detected.get("time"), written)
+        context = evidence.context(spec, self.machine, diagnosis, found)
+        self.decision = remedies.decide(failure, diagnosis, self.failures, context)
+        failure.remedy = self.decision.action
+        self.failures.append(failure)
+        if hang and self.result.hangs:
+            self.result.hangs[-1].cls, self.result.hangs[-1].signature = diagnosis.cls, diagnosis.signature
+        self.reporter.event(
+            failure.kind,
+            f"{diagnosis.title} at {where} (attempt {spec.attempt})" + (f"; details in {written}" if written else ""),
+            attempt=spec.attempt,
+            profile=spec.profile,
+            time=failure.detected,
+            epoch=failure.epoch,
+            batch=failure.batch,
+            cls=diagnosis.cls,
+            exit_code=detected.get("exit_code"),
+            phase=failure.phase,
+            seconds=detected.get("seconds"),
+            code=detected.get("exit_code"),
+            signature=diagnosis.signature,
+        )
+        return failure
+
+    def _wait_for_gpu(self) -> None:
+        """After a GPU fault or hang: restart only once the GPU let the killed attempt go (bounded)."""
+        found = self.gpu_wait(self._failed_pids, self.machine)
+        said = found.describe() if found.checked else None  # no KFD here (no AMD GPU): nothing to say
+        self.log.event("gpu_release", said, released=found.released, seconds=found.seconds, checked=found.checked)
+
+    def _wait_released(self, pids: list, machine: Machine) -> Release:
+        def sleep(dt: float) -> None:
+            self.reporter.tick(None)
+            self.sleep(dt)
+
+        return wait_released(
+            pids,
+            machine.gpus,
+            machine.vram_before,
+            self.config.gpu_release_timeout,
+            clock=self.clock,
+            sleep=sleep,
+            cancelled=lambda: self.interrupted is not None,
+        )
+
+    def _stop(self, spec: RunSpec) -> RunResult:
+        """The remedy is to stop: why, the known fixes, and what a later resume starts from."""
+        decision = self.decision
+        self.log.event("verdict", decision.reason, exit_code=decision.exit_code, verdict=list(decision.verdict))
+        for line in decision.verdict:
+            self.log.info(line)
+        self.result.verdict = [decision.reason, *decision.verdict]
+        self._say_what_is_kept(spec)
+        return self._finish(State.FAILED, spec, decision.exit_code)
 
     def _note_recovered(self, now: float, spec: RunSpec, child_pid: int, hb: Heartbeat) -> None:
         since = self._recovering_since
@@ -291,7 +411,22 @@ class Supervisor:
         self.result.exit_code = RUN_EXIT[state] if code is None else code
         self.result.attempts = spec.attempt
         self.result.wall_seconds = time.time() - self.started_wall
+        self.result.failures = list(self.failures)
         self._write_state(state, spec)
+        kind = {State.FINISHED: "finished", State.INTERRUPTED: "stopped"}.get(state, "failed")
+        last = self.failures[-1] if self.failures and kind == "failed" else None
+        reason = self.result.verdict[0] if self.result.verdict else None
+        self.reporter.event(
+            kind,
+            reason or (last.title if last else None),
+            attempt=spec.attempt,
+            profile=spec.profile,
+            say=False,
+            exit_code=self.result.exit_code,
+            cls=last.cls if last else None,
+            epoch=last.epoch if last else None,
+            batch=last.batch if last else None,
+        )
         return self.result
 
     def _interrupted(self, spec: RunSpec) -> RunResult:
@@ -325,6 +460,8 @@ class Supervisor:
                 step_multiplier=self.config.step_multiplier,
                 startup_grace=self.config.startup_grace,
             ),
+            failures=self.failures,
+            verdict=self.result.verdict,
         )
         try:
             write_state(spec.run_dir, record)

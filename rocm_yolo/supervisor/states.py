@@ -54,6 +54,8 @@ class RunResult:
     lost_seconds: float = 0.0  # to hangs: detection + restart + batches trained again
     wall_seconds: float = 0.0
     recoveries: list = field(default_factory=list)  # [Recovery], one per restart (supervisor.worklost)
+    failures: list = field(default_factory=list)  # [Failure], each diagnosed (supervisor.diagnosis)
+    verdict: list | None = None  # why the run stopped without retrying, and the known fixes
 
     @property
     def last(self) -> Path:
