@@ -1,6 +1,6 @@
 """Errors and exit codes, in one place.
 
-Three kinds of failure reach a user, each as one line on the terminal and never as a
+The kinds of failure that reach a user, each as one line on the terminal and never as a
 Python traceback:
 
 - a **user error** (:class:`UsageError`): bad arguments, data or checkpoint, found by a
@@ -9,6 +9,9 @@ Python traceback:
   broken, a library is missing, the disk is full or read-only, a download is needed while
   offline. Exit 4; never retried (a restart would meet it again); the traceback goes to
   ``RUN/setup-K.txt`` where a run directory exists.
+- a failure the watchdog will not retry (:mod:`rocm_yolo.supervisor.remedies`): a GPU fault or
+  hang that came back, GPU out of memory (exit 4, the environment's), or the same failure twice
+  at the same place (exit 5): a restart, or a scheduler's requeue, would meet it again.
 - an **internal error**: anything else is a rocm-yolo bug. Exit 123 (as black's), the
   traceback kept in the run directory (``RUN/internal-K.txt``) or the cache, and the line
   says where.
