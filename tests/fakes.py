@@ -69,10 +69,19 @@ class ScriptedChild:
     at ``exit_at`` (None: never, it goes silent)."""
 
     def __init__(
-        self, clock, beats: dict, *, pid: int = 100, exit_at: float | None = None, code: int = 0, stderr: str = ""
+        self,
+        clock,
+        beats: dict,
+        *,
+        pid: int = 100,
+        exit_at: float | None = None,
+        code: int = 0,
+        stderr: str = "",
+        stacks: str = "stacks",
     ):
         self.clock, self.events, self.pid, self.exit_at, self.code = clock, sorted(beats.items()), pid, exit_at, code
         self.stderr = stderr  # what it wrote to stderr (the HSA runtime's last words, say)
+        self.stacks = stacks  # what a stack dump of it finds
         self.ranks: dict[int, Heartbeat] = {}
         self.seen = 0
         self.dumped = self.killed = False
@@ -91,7 +100,7 @@ class ScriptedChild:
     def dump_stacks(self, out: Path) -> Path:
         self.dumped = True
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("stacks")
+        out.write_text(self.stacks)
         return out
 
     def pids(self) -> list[int]:

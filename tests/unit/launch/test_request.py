@@ -162,3 +162,17 @@ def test_cli_refuses_labels_ultralytics_would_refuse(task_data, tmp_path):
     ownership.release(spec.run_dir)
     [note] = [n for n in spec.notes if n.startswith("data:")]
     assert "1 of the first 8 train label files" in note and "train_003.txt:2: 6 numbers" in note
+
+
+def test_notify_comes_from_the_flag_or_the_environment_and_travels_in_the_watchdogs_config(monkeypatch):
+    from rocm_yolo import cli
+
+    monkeypatch.delenv("ROCM_YOLO_NOTIFY", raising=False)
+    args, extra = cli.build_parser().parse_known_args(["train", "d.yaml", "--notify", "cat > /tmp/x"])
+    assert TrainRequest.from_args(args, extra).watchdog_config().notify == "cat > /tmp/x"
+    assert request("d.yaml").watchdog_config().notify is None
+    monkeypatch.setenv("ROCM_YOLO_NOTIFY", "mail me")
+    assert request("d.yaml").watchdog_config().notify == "mail me"
+    assert request("d.yaml", notify="").watchdog_config().notify is None  # the flag wins, even to turn it off
+    with pytest.raises(UsageError, match="shell command"):
+        request("d.yaml", notify=["a"]).watchdog_config()
