@@ -68,6 +68,8 @@ _COLLECTIVE_ERROR = re.compile(
     r"DistBackendError[^\n]*|(?:NCCL|RCCL) (?:error|Error)[^\n]*|Watchdog caught collective operation timeout[^\n]*"
 )
 _KERNEL_HANG = ("ring timeout", "GPU reset", "MES")
+# torch.distributed.run's ChildFailedError: the first rank that failed, and how
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+ in (\S+)')
 _SECTION = re.compile(r"^===== pid (\d+) \((\w+), [^)]*\)", re.M)
 _COLLECTIVES = re.compile(r"^(all_reduce|barrier|broadcast|all_gather\w*|reduce_scatter\w*|reduce|wait|backward)$")
@@ -87,6 +89,7 @@ class Evidence:
     pids: frozenset = frozenset()  # the run's processes: an OOM killer's victim among them is the run's
     multi_gpu: bool = False
     on_gpu: bool = False  # the run trains on a GPU (a trainer stuck in torch is then stuck in GPU work)
+    launcher: str = ""  # several GPUs: what torch's launcher reported of this attempt (its root cause)
 
 
 @dataclass(frozen=True)
@@ -291,7 +294,17 @@ def _memory(e: Evidence, text: str, kernel: dict[str, list[str]]) -> Diagnosis |
     return None
 
 
+def root_cause(launcher: str) -> tuple[int, int] | None:
+    """(rank, exit code) of the first rank that failed, as torch's launcher reported it last."""
+    found = _ROOT_CAUSE.findall(launcher)
+    return (int(found[-1][0]), int(found[-1][1])) if found else None
+
+
 def _crash(e: Evidence, text: str, kernel: dict[str, list[str]]) -> Diagnosis:
+    first = root_cause(e.launcher) if e.multi_gpu else None
+    if first is not None and first[1] < 0:  # a rank killed by a signal: the others' errors are its consequences
+        how = f"rank {first[0]} {_signal_name(first[1])}"
+        return Diagnosis(UNKNOWN, f"{how}, no evidence of the cause", f"{UNKNOWN}: {how}", (how,))
     for rx, cls, title in (
         (_DEAD_WORKER, LOADER, "DataLoader worker died"),
         (_DATA, DATA_ERROR, "data error"),

@@ -25,7 +25,7 @@ from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.run.supervisor_state import Failure
-from rocm_yolo.supervisor.diagnosis import Diagnosis, Evidence
+from rocm_yolo.supervisor.diagnosis import Diagnosis, Evidence, root_cause
 from rocm_yolo.supervisor.remedies import Context
 from rocm_yolo.ultralytics_rules import config as ucfg
 
@@ -61,10 +61,32 @@ def _read(path: Path, limit: int = 200_000) -> str:
         return ""
 
 
-def tracebacks(paths: RunPaths, attempt: int) -> str:
-    """The traceback(s) attempt ``attempt`` wrote: the run's ``crash-K.txt`` and each rank's ``crash-K-rankN.txt``."""
+def tracebacks(paths: RunPaths, attempt: int, first_rank: int | None = None) -> str:
+    """The traceback(s) attempt ``attempt`` wrote: the run's ``crash-K.txt`` and each rank's ``crash-K-rankN.txt``;
+    the one of ``first_rank`` (the rank that failed first) last, where the diagnosis reads the final error."""
     found = [paths.crash(attempt)] + sorted(paths.run_dir.glob(f"crash-{attempt}-rank*.txt"))
+    if first_rank is not None:
+        first = paths.crash(attempt, first_rank)
+        found = [p for p in found if p != first] + [first]
     return "\n".join(_read(p) for p in found if p.is_file())
+
+
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d{3} ")  # logging's asctime in torchrun.log
+
+
+def launcher_report(path: Path, since: float) -> str:
+    """What torch's launcher logged (``RUN/rocm_yolo/torchrun.log``) from ``since`` on (wall clock)."""
+    keep, out = False, []
+    for line in _read(path, 2_000_000).splitlines():
+        m = _STAMP.match(line)
+        if m:
+            try:
+                keep = time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) >= since - 1
+            except (ValueError, OverflowError):
+                keep = False
+        if keep:
+            out.append(line)
+    return "\n".join(out)
 
 
 def run_pids(paths: RunPaths) -> set[int]:
@@ -110,17 +132,21 @@ def gather(
     """One failure's evidence (``failure``: "hang" or "crash")."""
     kernel, source = kernel_lines(kernel_path, *window)
     device = str(spec.train_args.get("device", "") or "").strip().lower()
+    multi = world_size(spec.train_args) > 1
+    launcher = launcher_report(spec.paths.torchrun_log, window[0]) if multi and failure == "crash" else ""
+    first = root_cause(launcher)
     return Evidence(
         failure=failure,
         exit_code=exit_code,
         stderr=stderr,
-        traceback=tracebacks(spec.paths, spec.attempt) if failure == "crash" else "",
+        traceback=tracebacks(spec.paths, spec.attempt, first[0] if first else None) if failure == "crash" else "",
         stacks=_read(stacks) if stacks is not None else "",
         kernel=kernel,
         kernel_source=source,
         pids=frozenset(pids | run_pids(spec.paths)),
-        multi_gpu=world_size(spec.train_args) > 1,
+        multi_gpu=multi,
         on_gpu=bool(gpus) and device not in ("cpu", "mps"),
+        launcher=launcher,
     )
 
 

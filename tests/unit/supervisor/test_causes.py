@@ -136,3 +136,21 @@ def test_the_notify_command_hears_each_event_in_order_and_none_outlives_the_run(
     assert crash["class"] == "gpu-fault" and (crash["epoch"], crash["batch"], crash["exit_code"]) == (2, 3, -6)
     assert crash["run"] == str(Path(spec.run_dir).resolve()) and "GPU memory access fault" in crash["message"]
     assert events[2]["attempt"] == 2 and events[3]["exit_code"] == 0
+
+
+def test_the_traceback_read_on_several_gpus_is_the_one_of_the_rank_that_failed_first(tmp_path):
+    from rocm_yolo.run.paths import RunPaths
+    from rocm_yolo.supervisor.evidence import launcher_report, tracebacks
+
+    paths = RunPaths(tmp_path)
+    paths.crash(1).write_text("RuntimeError: Connection closed by peer\n")  # rank 0's, a consequence
+    paths.crash(1, 1).write_text("ValueError: the real one\n")
+    assert tracebacks(paths, 1, first_rank=1).rstrip().endswith("ValueError: the real one")
+    assert tracebacks(paths, 1, first_rank=0).rstrip().endswith("Connection closed by peer")
+    paths.state.mkdir()
+    paths.torchrun_log.write_text(
+        "2020-01-01 00:00:00,000 ERROR x: an older attempt's\nRoot Cause\n"
+        "2099-01-01 00:00:00,000 ERROR x: this attempt's\nRoot Cause (first observed failure):\n"
+    )
+    report = launcher_report(paths.torchrun_log, since=1_700_000_000.0)
+    assert "older" not in report and report.endswith("Root Cause (first observed failure):")

@@ -171,3 +171,18 @@ def test_a_hang_the_kernel_reports_or_a_trainer_stuck_in_torch_on_a_gpu_is_a_gpu
     on_gpu = diagnose(Evidence("hang", stacks=stacks((10, "trainer", [in_torch])), on_gpu=True))
     assert on_gpu.cls == GPU_HANG and "_engine_run_backward" in on_gpu.title
     assert diagnose(Evidence("hang", stacks=stacks((10, "trainer", [in_torch])))).cls == UNKNOWN  # on the CPU
+
+
+def test_on_several_gpus_the_rank_that_failed_first_is_the_cause_not_the_others_errors():
+    launcher = (
+        "2026-11-25 07:25:15,123 ERROR torch.distributed.run: ChildFailedError\n"
+        "Root Cause (first observed failure):\n[0]:\n  time      : 2026-11-25_07:25:15\n"
+        "  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 4251)\n  error_file: <N/A>\n"
+        "  traceback : Signal 9 (SIGKILL) received by PID 4251\n"
+    )
+    peer = traceback("RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234")
+    found = diagnose(Evidence("crash", exit_code=1, traceback=peer, launcher=launcher, multi_gpu=True))
+    assert found.cls == UNKNOWN and found.title == "rank 1 killed by SIGKILL, no evidence of the cause"
+    assert diagnose(Evidence("crash", exit_code=1, traceback=peer, multi_gpu=True)).cls == TRAINING_ERROR
+    oom = "Out of memory: Killed process 4251 (python3) total-vm:1kB"  # but the kernel says why it was killed
+    assert diagnose(Evidence("crash", 1, launcher=launcher, kernel=(oom,), multi_gpu=True)).cls == HOST_OOM
