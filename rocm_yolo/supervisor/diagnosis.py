@@ -237,9 +237,13 @@ def _hang(e: Evidence, kernel: dict[str, list[str]]) -> Diagnosis:
             f"{GPU_HANG}: stuck in {frames[0][1]}",
             (f"trainer pid {pid} stuck in {_where(frames)}",),
         )
-    frames = next(iter(mains.values()), [])
-    where = _where(frames)
-    return Diagnosis(UNKNOWN, "hang", f"{UNKNOWN}: hang in {frames[0][1] if frames else '?'}", (f"trainer in {where}",))
+    if len(ranks) > 1:  # the rank stuck outside the collectives is the one the others wait for
+        pid, frames = next(((p, f) for p, f in mains.items() if not _in_collective(f)), next(iter(mains.items())))
+        title = f"hang (rank pid {pid} in {_where(frames)}; the other ranks wait for it)"
+    else:
+        pid, frames = next(iter(mains.items()), (None, []))
+        title = f"hang (the trainer in {_where(frames)})"
+    return Diagnosis(UNKNOWN, title, f"{UNKNOWN}: hang in {frames[0][1] if frames else '?'}", (title,))
 
 
 # --------------------------------------------------------------------------- the rules
