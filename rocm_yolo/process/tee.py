@@ -7,6 +7,10 @@ daemon thread copies every chunk to the terminal at once, appends it to a file (
 newest half survives) and keeps the newest ``tail`` bytes in memory. Whatever the child wrote before it died is
 still in the pipe: :meth:`Tee.drain` waits (bounded) until it has been copied, so the lines keep their order with
 this process's own. The thread ends when every writer of the pipe is gone.
+
+The thread holds no lock but its own while this process starts other processes: their
+``preexec_fn`` (:func:`rocm_yolo.process.lifecycle.pdeathsig_kill`, one ``prctl`` through a
+library loaded before) needs none, and glibc's ``fork`` resets its allocator's locks in the child.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class Tee:
         self._tail = bytearray()
         self._lock = threading.Lock()
         self._size = 0
+        self._read = self._kept = 0  # bytes read from the pipe, and of them kept (drain waits for both)
         self.done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rocm-yolo-stderr", daemon=True)
         self._thread.start()
@@ -48,8 +53,10 @@ class Tee:
                     break
                 if not data:
                     break
+                self._read += len(data)
+                self._show(data)  # outside the lock: a paused terminal (Ctrl-S) must not block the supervisor
                 with self._lock:
-                    self._copy(data)
+                    self._keep(data)
         finally:
             try:
                 os.close(self.fd)
@@ -57,7 +64,7 @@ class Tee:
                 pass
             self.done.set()
 
-    def _copy(self, data: bytes) -> None:
+    def _show(self, data: bytes) -> None:
         if self.out_fd is not None:
             view = memoryview(data)
             try:
@@ -65,6 +72,9 @@ class Tee:
                     view = view[os.write(self.out_fd, view) :]
             except OSError:  # the terminal went away: keep draining the pipe, or the child would block on it
                 self.out_fd = None
+
+    def _keep(self, data: bytes) -> None:
+        self._kept += len(data)
         self._tail += data
         del self._tail[: max(0, len(self._tail) - self.keep)]
         if self.path is not None:
@@ -98,11 +108,10 @@ class Tee:
     def drain(self, timeout: float = 2.0) -> None:
         """Wait until what the child wrote so far has been copied (at most ``timeout`` seconds)."""
         deadline = time.monotonic() + timeout
-        while self.pending() and time.monotonic() < deadline:
+        settled = 0
+        while settled < 2 and time.monotonic() < deadline:  # twice in a row: a chunk just read is counted
+            settled = settled + 1 if not self.pending() and self._kept == self._read else 0
             time.sleep(0.01)
-        time.sleep(0.02)  # a chunk just read is copied under the lock
-        with self._lock:
-            pass
 
     def tail(self) -> str:
         with self._lock:
