@@ -145,6 +145,7 @@ class Supervisor:
 
     def _attempt(self, spec: RunSpec) -> tuple[State, str]:
         """Start one child and watch it to its end: (how the attempt ended, what to say if it failed)."""
+        self._attempt_began = time.time()  # the kernel log's lines from here on are this attempt's
         try:
             child = self.child_factory(spec, self.config)
         except OSError as e:  # the spec could not be written (disk full, read-only) or no process
@@ -153,7 +154,6 @@ class Supervisor:
         self._write_state(State.RUNNING, spec, child_pid=child.pid)
         if spec is self.spec:
             self.reporter.event("started", None, attempt=spec.attempt, profile=spec.profile, say=False, pid=child.pid)
-        self._attempt_began = time.time()
         pids: list[int] = []
         try:
             outcome, info = self._watch(child, spec)

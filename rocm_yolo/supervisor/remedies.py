@@ -131,7 +131,9 @@ def decide(failure: Failure, diagnosis: Diagnosis, previous: list[Failure], cont
                 STOP, errors.SETUP, "a second collective hang in this run: not retrying", verdict(diagnosis, context)
             )
         return Decision(
-            P2P_OFF, env={P2P_VARIABLE: "1"}, reason=f"retrying with {P2P_VARIABLE}=1 ({known_fixes.P2P_OFF.source})"
+            P2P_OFF,
+            env={P2P_VARIABLE: "1"},
+            reason=f"with {P2P_VARIABLE}=1 (RCCL's peer-to-peer off: {known_fixes.P2P_OFF.source})",
         )
     return Decision(REMEDY.get(cls, LADDER))
 
