@@ -123,12 +123,18 @@ def decide(failure: Failure, diagnosis: Diagnosis, previous: list[Failure], cont
         return Decision(STOP, errors.SETUP, oom_advice(diagnosis, context), verdict(diagnosis, context))
     if cls in GPU_CLASSES and any(p.cls in GPU_CLASSES for p in previous):
         return Decision(
-            STOP, errors.SETUP, "a second GPU failure in this run: not retrying", verdict(diagnosis, context)
+            STOP,
+            errors.SETUP,
+            f"{diagnosis.title} at {place(failure)}, the second GPU failure of this run: not retrying",
+            verdict(diagnosis, context),
         )
     if cls == COLLECTIVE:
         if any(p.cls == COLLECTIVE for p in previous):
             return Decision(
-                STOP, errors.SETUP, "a second collective hang in this run: not retrying", verdict(diagnosis, context)
+                STOP,
+                errors.SETUP,
+                f"a collective hung again at {place(failure)}, with {P2P_VARIABLE}=1: not retrying",
+                verdict(diagnosis, context),
             )
         return Decision(
             P2P_OFF,
