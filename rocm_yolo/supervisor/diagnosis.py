@@ -72,6 +72,7 @@ _KERNEL_HANG = ("ring timeout", "GPU reset", "MES")
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+ in (\S+)')
 _SECTION = re.compile(r"^===== pid (\d+) \((\w+), [^)]*\)", re.M)
+_HIP_NATIVE = re.compile(r"\b(hip[A-Z]\w+|hsa_\w+|hsaKmt\w+)")  # py-spy --native: a thread in the HIP runtime
 _COLLECTIVES = re.compile(r"^(all_reduce|barrier|broadcast|all_gather\w*|reduce_scatter\w*|reduce|wait|backward)$")
 
 
@@ -197,6 +198,12 @@ def _in_torch(frames) -> bool:
     return any("/torch/" in f and "torch/utils/data/" not in f for f in inner)
 
 
+def _py_spy(text: str) -> str:
+    """The main thread of a section's ``py-spy dump --native`` (where it ran), or ''."""
+    dump = text.split("--- py-spy dump --native", 1)[1] if "--- py-spy dump --native" in text else ""
+    return dump.split("\nThread ", 2)[1] if dump.count("\nThread ") else dump
+
+
 def _where(frames) -> str:
     return f"{frames[0][1]} ({frames[0][0].rsplit('/', 2)[-1]})" if frames else "no Python stack"
 
@@ -236,6 +243,12 @@ def _hang(e: Evidence, kernel: dict[str, list[str]]) -> Diagnosis:
             f"main-process hang inside GPU work (in {frames[0][1]})",
             f"{GPU_HANG}: stuck in {frames[0][1]}",
             (f"trainer pid {pid} stuck in {_where(frames)}",),
+        )
+    native = [(pid, m[0]) for pid, text in trainers for m in [_HIP_NATIVE.search(_py_spy(text))] if m]
+    if e.on_gpu and native:
+        pid, call = native[0]
+        return Diagnosis(
+            GPU_HANG, f"main-process hang inside GPU work (in {call})", f"{GPU_HANG}: stuck in {call}", (f"pid {pid}",)
         )
     if len(ranks) > 1:  # the rank stuck outside the collectives is the one the others wait for
         pid, frames = next(((p, f) for p, f in mains.items() if not _in_collective(f)), next(iter(mains.items())))

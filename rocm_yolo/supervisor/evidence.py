@@ -32,6 +32,7 @@ from rocm_yolo.ultralytics_rules import config as ucfg
 MARGIN = 5.0  # seconds around an attempt's window: the clocks of the kernel's log and ours differ a little
 KERNEL_LINES = 50  # at most this many of the window's lines go into the evidence
 REPORT_STDERR_LINES = 40
+KERNEL_LOG_TIMEOUT = 5.0  # per source (dmesg, journalctl): the restart waits for it
 
 
 @dataclass
@@ -109,7 +110,7 @@ def run_pids(paths: RunPaths) -> set[int]:
 
 def kernel_lines(path: str | None, start: float, end: float) -> tuple[tuple[str, ...], str]:
     """The kernel log's lines that matter between ``start`` and ``end`` (wall clock), and where they came from."""
-    log = kernel_log.read(path)
+    log = kernel_log.read(path, timeout=KERNEL_LOG_TIMEOUT)
     if not log.readable:
         return (), f"kernel log not readable ({log.source})"
     window = kernel_log.within(log.lines, start - MARGIN, end + MARGIN)

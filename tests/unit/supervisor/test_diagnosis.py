@@ -187,3 +187,17 @@ def test_on_several_gpus_the_rank_that_failed_first_is_the_cause_not_the_others_
     assert diagnose(Evidence("crash", exit_code=1, traceback=peer, multi_gpu=True)).cls == TRAINING_ERROR
     oom = "Out of memory: Killed process 4251 (python3) total-vm:1kB"  # but the kernel says why it was killed
     assert diagnose(Evidence("crash", 1, launcher=launcher, kernel=(oom,), multi_gpu=True)).cls == HOST_OOM
+
+
+def test_py_spys_native_frames_in_the_hip_runtime_are_gpu_work():
+    stuck = [("/x/ultralytics/engine/trainer.py", "_do_train"), *MAIN_TAIL]
+    native = (
+        "--- py-spy dump --native (exit 0):\nProcess 10: python -m rocm_yolo.trainer\nPython v3.11.7\n\n"
+        'Thread 10 (idle): "MainThread"\n    hsa_signal_wait_scacquire (libhsa-runtime64.so.1)\n'
+        "    hipDeviceSynchronize (libamdhip64.so.6)\n    _do_train (ultralytics/engine/trainer.py:420)\n"
+        'Thread 12 (idle): "pt_autograd_0"\n    futex_wait (libc.so.6)\n'
+    )
+    text = stacks((10, "trainer", [stuck])) + native
+    found = diagnose(Evidence("hang", stacks=text, on_gpu=True))
+    assert found.cls == GPU_HANG and found.title == "main-process hang inside GPU work (in hsa_signal_wait_scacquire)"
+    assert diagnose(Evidence("hang", stacks=text)).cls == UNKNOWN  # no GPU: no GPU work
