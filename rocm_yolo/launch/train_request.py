@@ -135,7 +135,8 @@ class TrainRequest:
     fallback: Any = field(
         default=None,
         metadata=_option(
-            f"profiles to step through on each restart (default: {','.join(WATCHDOG.ladder)})",
+            f"profiles to step through on each restart after a loader hang or a dead worker (other causes have "
+            f"their own remedy) (default: {','.join(WATCHDOG.ladder)})",
             group="watchdog",
             metavar="P1,P2,...",
         ),
