@@ -199,8 +199,8 @@ class Supervisor:
     def _restart(self, spec: RunSpec, restarts_left: int) -> RunSpec:
         action = self.decision.action if self.decision is not None else remedies.LADDER
         failure = self.failures[-1] if self.failures else None
-        if failure is not None and failure.cls in GPU_CLASSES:
-            self._wait_for_gpu()
+        if failure is not None and (failure.cls in GPU_CLASSES or action == remedies.P2P_OFF):
+            self._wait_for_gpu()  # the GPUs of a hung attempt are busy until the driver lets it go
         self.remedy_env.update(self.decision.env if self.decision is not None else {})
         spec = next_spec(spec, self.config.ladder if action == remedies.LADDER else (spec.profile,), self.log)
         if self.remedy_env:
@@ -349,7 +349,8 @@ class Supervisor:
         return failure
 
     def _wait_for_gpu(self) -> None:
-        """After a GPU fault or hang: restart only once the GPU let the killed attempt go (bounded)."""
+        """After a GPU fault, a GPU hang or a hung collective: restart only once the GPU let the killed attempt go
+        (bounded)."""
         found = self.gpu_wait(self._failed_pids, self.machine)
         said = found.describe() if found.checked else None  # no KFD here (no AMD GPU): nothing to say
         self.log.event("gpu_release", said, released=found.released, seconds=found.seconds, checked=found.checked)
