@@ -96,6 +96,7 @@ class Supervisor:
         self._attempt_began = time.time()
         self._failed_pids: list[int] = []
         previous = read_state(spec.run_dir) if user_resume else None
+        self._earlier_failures = list(previous.failures) if previous else []  # kept in supervisor.json
         if previous:  # a resumed run keeps its history of hangs and restarts
             self.result.hangs = list(previous.hangs)
             self.result.restarts = previous.restarts
@@ -461,7 +462,7 @@ class Supervisor:
                 step_multiplier=self.config.step_multiplier,
                 startup_grace=self.config.startup_grace,
             ),
-            failures=self.failures,
+            failures=self._earlier_failures + self.failures,
             verdict=self.result.verdict,
         )
         try:
