@@ -14,6 +14,7 @@ from rocm_yolo.run.profiles import resolve
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.run.supervisor_state import read_state
 from rocm_yolo.supervisor.config import WatchdogConfig
+from rocm_yolo.supervisor.evidence import Machine
 
 CONFIG = WatchdogConfig(stall_timeout=60, startup_grace=300, max_restarts=3, poll_interval=1)
 HSA = (
@@ -154,3 +155,24 @@ def test_the_traceback_read_on_several_gpus_is_the_one_of_the_rank_that_failed_f
     )
     report = launcher_report(paths.torchrun_log, since=1_700_000_000.0)
     assert "older" not in report and report.endswith("Root Cause (first observed failure):")
+
+
+def test_a_stopped_run_tells_the_notify_command_it_stopped(spec, tmp_path):
+    from rocm_yolo.run.events import RunLog
+    from rocm_yolo.supervisor.loop import Supervisor
+
+    heard = tmp_path / "heard.jsonl"
+    clock = Clock()
+    child = ScriptedChild(clock, {1: beat(1)})
+    sup = Supervisor(
+        spec,
+        replace(CONFIG, notify=f"cat >> {heard}"),
+        child_factory=lambda s, c: child,
+        clock=clock,
+        sleep=lambda dt: (clock.sleep(dt), setattr(sup, "interrupted", 2)),  # Ctrl-C
+        log=RunLog(stream=open("/dev/null", "w")),
+        machine=Machine(),
+    )
+    assert sup.run().exit_code == errors.INTERRUPTED
+    events = [json.loads(line) for line in heard.read_text().splitlines()]
+    assert [e["event"] for e in events] == ["started", "stopped"] and events[1]["exit_code"] == 130
