@@ -43,12 +43,8 @@ GPU_CLASSES = (GPU_FAULT, GPU_HANG)
 
 _HSA_FAULT = re.compile(r"Memory access fault by GPU node-(\d+)[^\n]*?Reason: ([^\n]*?)\.?\s*$", re.M)
 _HW_EXCEPTION = re.compile(r"HW Exception by GPU node-(\d+)[^\n]*?reason\s*:\s*([^\n]*?)\s*$", re.M | re.I)
-_HIP_FAULT = re.compile(
-    r"(hipErrorLaunchFailure|hipErrorIllegalAddress|HIP error: (?:unspecified launch failure|an illegal memory "
-    r"access[^\n]*|[^\n]*launch failure[^\n]*))",
-    re.I,
-)
-_GPU_OOM = re.compile(r"(?:HIP|CUDA) out of memory[^\n]*|OutOfMemoryError[^\n]*|hipErrorOutOfMemory", re.I)
+_HIP_FAULT = re.compile(r"(HIP error: [^\n]*|hipError\w+)")  # the runtime's error in the training step
+_GPU_OOM = re.compile(r"(?:HIP|CUDA) (?:error: )?out of memory[^\n]*|OutOfMemoryError[^\n]*|hipErrorOutOfMemory", re.I)
 _SIZE = r"([\d.]+) (bytes|KiB|MiB|GiB|TiB)"
 _OOM_NUMBERS = {
     "tried": re.compile(r"Tried to allocate " + _SIZE),
@@ -281,7 +277,7 @@ def _gpu_fault(e: Evidence, text: str, kernel: dict[str, list[str]]) -> Diagnosi
             cls, f"GPU {'hang' if cls == GPU_HANG else 'exception'} ({reason})", f"{cls}: {reason}", (m[0].strip(),)
         )
     m = _HIP_FAULT.search(text)
-    if m:
+    if m and not _GPU_OOM.search(text):  # HIP's out of memory is gpu-oom's
         return Diagnosis(GPU_FAULT, f"GPU error ({m[1].strip()})", f"{GPU_FAULT}: {normalized(m[1])}", (m[0].strip(),))
     if e.failure == "crash" and "page fault" in kernel:
         return Diagnosis(
