@@ -4,8 +4,9 @@ The watchdog's notifications (``--notify CMD``) run this way: a command that fai
 never delay or break the run. :class:`BackgroundCommands` starts each command through ``/bin/sh -c`` in its own
 session (Ctrl-C in the terminal does not reach it; it dies with this process even when this one is SIGKILLed),
 writes its input without ever blocking, and is polled: a command that exited is reaped, one past its timeout is
-killed with its whole session, and the first failure is said once (later ones are only counted). :meth:`close`
-gives the commands still running a few seconds, then kills them: none is left once the caller is done.
+killed with its whole session, and the first failure is said once (later ones are only counted). The commands run
+one after another, in the order they were given, so that what they deliver arrives in order. :meth:`close` gives
+the commands still running or waiting a few seconds, then kills them: none is left once the caller is done.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import psutil
 
 from rocm_yolo.process.tree import kill_now, send, start
 
-MAX_RUNNING = 8  # more at once and the oldest is killed: a notifier that never returns must not pile up
+MAX_WAITING = 32  # more waiting and the oldest is dropped: a notifier that never returns must not pile them up
 
 
 @dataclass
@@ -37,15 +38,20 @@ class BackgroundCommands:
         self.timeout = timeout
         self.on_failure = on_failure
         self.clock = clock
-        self.running: list[_Running] = []
+        self.running: list[_Running] = []  # at most one: the commands run one after another, in order
+        self.waiting: list[tuple[str, bytes, dict | None]] = []
         self.failures = 0
         self.started = 0
 
     def start(self, command: str, data: bytes, env: dict | None = None) -> None:
-        """Run ``command`` with ``data`` on its standard input; returns at once."""
+        """Run ``command`` with ``data`` on its standard input once the ones before it are done; returns at once."""
+        if len(self.waiting) >= MAX_WAITING:
+            self.waiting.pop(0)
+            self._failed("too many waiting behind one that does not return: the oldest dropped")
+        self.waiting.append((command, data, env))
         self.poll()
-        if len(self.running) >= MAX_RUNNING:
-            self._kill(self.running.pop(0), "too many still running")
+
+    def _launch(self, command: str, data: bytes, env: dict | None) -> None:
         err = tempfile.TemporaryFile()
         try:
             proc = start(["/bin/sh", "-c", command], env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err)
@@ -67,7 +73,7 @@ class BackgroundCommands:
         self.running.append(_Running(proc, err, self.clock()))
 
     def poll(self) -> None:
-        """Reap the commands that exited (a failure is said once), kill those past their timeout."""
+        """Reap the command that exited (a failure is said once) or kill it past its timeout; start the next."""
         still = []
         for job in self.running:
             code = job.proc.poll()
@@ -81,16 +87,21 @@ class BackgroundCommands:
                 _sweep(job.proc.pid)  # whatever it left running in its session
                 job.err.close()
         self.running = still
+        while not self.running and self.waiting:
+            self._launch(*self.waiting.pop(0))
 
     def close(self, grace: float) -> None:
-        """Give the commands still running up to ``grace`` seconds in all, then kill the rest."""
+        """Give the commands still running or waiting up to ``grace`` seconds in all, then kill the rest."""
         deadline = self.clock() + grace
-        while self.running and self.clock() < deadline:
+        self.poll()
+        while (self.running or self.waiting) and self.clock() < deadline:
             time.sleep(0.05)
             self.poll()
         for job in self.running:
             self._kill(job, f"still running {grace:g} s after the run ended: killed")
-        self.running = []
+        if self.waiting:
+            self._failed(f"{len(self.waiting)} event(s) not delivered before the end of the run")
+        self.running, self.waiting = [], []
 
     def _kill(self, job: _Running, why: str) -> None:
         kill_now(job.proc, timeout=1.0)

@@ -65,3 +65,13 @@ def test_the_childs_stderr_is_copied_as_it_comes_kept_in_a_bounded_file_and_its_
     assert copied.count(b"\n") == 61 and copied.endswith(b"last words\n")  # the terminal got all of it
     text = kept.read_text()
     assert len(text) <= 4096 and text.startswith("[... earlier output dropped ...]") and text.endswith("last words\n")
+
+
+def test_commands_run_one_after_another_so_what_they_deliver_arrives_in_order(tmp_path):
+    out = tmp_path / "got"
+    commands = BackgroundCommands(timeout=30, on_failure=print)
+    commands.start(f"sleep 0.3; cat >> {out}", b"first\n")  # slower than the next: it still comes first
+    commands.start(f"cat >> {out}", b"second\n")
+    assert len(commands.running) == 1 and len(commands.waiting) == 1  # the second waits: start never blocks
+    commands.close(grace=10)
+    assert out.read_text() == "first\nsecond\n"
