@@ -85,7 +85,7 @@ class Reporter:
     def _notify_failed(self, why: str) -> None:
         self.log.event(
             "notify_error",
-            f"the notify command failed ({why}); training goes on, and later failures of it are not reported",
+            f"the notify command failed ({why}); it never holds training up, and later failures of it are not said",
             error=why,
         )
 
