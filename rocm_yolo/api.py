@@ -14,7 +14,7 @@ def train(data: str | None = None, **kwargs: Any) -> RunResult:
     :class:`~rocm_yolo.launch.train_request.TrainRequest`: ``model``, ``workers``, ``profile``,
     ``epochs``, ``imgsz``, ``batch``, ``device``, ``project``, ``name``, ``resume``, ``conv``,
     ``checkpoint_every``, ``watchdog``, ``stall_timeout``, ``startup_grace``, ``max_restarts``,
-    ``fallback``), and any Ultralytics train argument or loader setting (``lr0=0.01``,
+    ``fallback``, ``notify``), and any Ultralytics train argument or loader setting (``lr0=0.01``,
     ``timeout=60``). The watchdog's settings default to
     :class:`~rocm_yolo.supervisor.config.WatchdogConfig`'s. Raises :class:`UsageError` for bad
     input; returns a :class:`RunResult` whose ``exit_code`` matches the CLI's.

@@ -123,7 +123,8 @@ def _say_how_it_ended(result, started: float, trained_before: int = 0) -> None:
             file=sys.stderr,
         )
     elif result.state == State.FAILED:
-        print(f"rocm-yolo: failed after {result.restarts} restart(s); see {paths.log}", file=sys.stderr)
+        why = f" (exit {result.exit_code}: {result.verdict[0]})" if result.verdict else ""
+        print(f"rocm-yolo: failed after {result.restarts} restart(s){why}; see {paths.log}", file=sys.stderr)
 
 
 def _trained_before(spec) -> int:

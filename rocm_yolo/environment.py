@@ -18,6 +18,7 @@ Set by users:
 - :data:`GEMM_CHUNK_MB`: the unfold buffer of the ``gemm`` Conv2d strategy;
 - :data:`ONE_TRACKER_RUN`: ``0`` gives each attempt its own MLflow/W&B run, as plain Ultralytics does
   (by default the attempts of a run continue one tracker run).
+- :data:`NOTIFY`: a command run for each event of a training run (``rocm-yolo train --notify``'s default).
 
 For tests and benchmarks only:
 
@@ -47,6 +48,7 @@ DEMO_DIR = "ROCM_YOLO_DEMO_DIR"
 KFD_ROOT = "ROCM_YOLO_KFD_ROOT"
 GEMM_CHUNK_MB = "ROCM_YOLO_GEMM_CHUNK_MB"
 ONE_TRACKER_RUN = "ROCM_YOLO_ONE_TRACKER_RUN"
+NOTIFY = "ROCM_YOLO_NOTIFY"
 
 # tests and benchmarks
 PLUGINS = "ROCM_YOLO_PLUGINS"

@@ -1,6 +1,6 @@
 """Errors and exit codes, in one place.
 
-Three kinds of failure reach a user, each as one line on the terminal and never as a
+The kinds of failure that reach a user, each as one line on the terminal and never as a
 Python traceback:
 
 - a **user error** (:class:`UsageError`): bad arguments, data or checkpoint, found by a
@@ -9,6 +9,9 @@ Python traceback:
   broken, a library is missing, the disk is full or read-only, a download is needed while
   offline. Exit 4; never retried (a restart would meet it again); the traceback goes to
   ``RUN/setup-K.txt`` where a run directory exists.
+- a failure the watchdog will not retry (:mod:`rocm_yolo.supervisor.remedies`): a GPU fault or
+  hang that came back, GPU out of memory (exit 4, the environment's), or the same failure twice
+  at the same place (exit 5): a restart, or a scheduler's requeue, would meet it again.
 - an **internal error**: anything else is a rocm-yolo bug. Exit 123 (as black's), the
   traceback kept in the run directory (``RUN/internal-K.txt``) or the cache, and the line
   says where.
@@ -32,6 +35,7 @@ OK = 0  # training done
 FAILED = 1  # failed after the allowed restarts, or a training error
 USAGE = 2  # bad arguments, data or checkpoint: nothing was started or changed
 SETUP = 4  # the environment is broken (torch, GPU runtime, disk full or read-only, offline): not retried
+SAME_FAILURE = 5  # the same failure twice at the same place: a restart (or a requeue) cannot help
 INTERNAL = 123  # a rocm-yolo bug: the traceback is kept and the line says where
 HANGUP = 129  # SIGHUP: the terminal went away
 PIPE_CLOSED = 141  # the reader of the output went away (as a command killed by SIGPIPE exits)
@@ -43,7 +47,8 @@ CHILD_FINISHED = 3  # the checkpoint to resume belongs to a run that has already
 
 HELP = (
     "exit codes: 0 done; 1 failed after retries or a training error; 2 usage error; "
-    "4 environment/setup error (not retried); 123 internal error (a rocm-yolo bug); "
+    "4 environment/setup error, a GPU fault or GPU out of memory (not retried); 5 the same failure twice at the "
+    "same place; 123 internal error (a rocm-yolo bug); "
     "129/130/143 stopped by SIGHUP/Ctrl-C/SIGTERM"
 )
 

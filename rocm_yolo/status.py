@@ -47,6 +47,8 @@ def collect(run_dir: Path, now: float | None = None) -> dict:
         "lost_seconds": sup.lost_seconds if sup else 0.0,
         "recoveries": [asdict(r) for r in sup.recoveries] if sup else [],
         "detail": sup.detail if sup else None,
+        "failures": [asdict(f) for f in sup.failures] if sup else [],
+        "verdict": sup.verdict if sup else None,
     }
     if sup is not None and sup.running and not alive(sup.supervisor_pid):
         info["state"] = "stopped"  # the supervisor is gone without writing a final state (killed -9?)
@@ -133,6 +135,8 @@ def render(info: dict) -> str:
     lines.append(f"hangs:     {info['hangs']}, {info['lost_seconds']:.0f} s lost")
     for r in info.get("recoveries") or []:
         lines.append(f"restart:   {_recovery(r)}")
+    for line in info.get("verdict") or []:
+        lines.append(f"verdict:   {line.strip()}")
     return "\n".join(lines)
 
 
@@ -142,7 +146,8 @@ def _recovery(r: dict) -> str:
     def at(position):
         return f"epoch {position[0]}, batch {position[1]:,}" if position else "start-up"
 
-    text = f"attempt {r.get('attempt')}: {r.get('cause')} at {at(r.get('lost_at'))}"
+    cause = r.get("cause") if not r.get("failure") else f"{r.get('cause')} ({r['failure']})"
+    text = f"attempt {r.get('attempt')}: {cause} at {at(r.get('lost_at'))}"
     if r.get("resumed_at"):
         text += f", resumed at {at(r['resumed_at'])}" + (f" from {r['checkpoint']}" if r.get("checkpoint") else "")
     if r.get("retrained_batches") is not None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.heartbeat import Heartbeat
+from rocm_yolo.supervisor.evidence import Machine
 from rocm_yolo.supervisor.loop import Supervisor
 
 
@@ -67,8 +68,20 @@ class ScriptedChild:
     """A fake training child: ``beats`` maps a clock time to the heartbeat it sends then; it exits with ``code``
     at ``exit_at`` (None: never, it goes silent)."""
 
-    def __init__(self, clock, beats: dict, *, pid: int = 100, exit_at: float | None = None, code: int = 0):
+    def __init__(
+        self,
+        clock,
+        beats: dict,
+        *,
+        pid: int = 100,
+        exit_at: float | None = None,
+        code: int = 0,
+        stderr: str = "",
+        stacks: str = "stacks",
+    ):
         self.clock, self.events, self.pid, self.exit_at, self.code = clock, sorted(beats.items()), pid, exit_at, code
+        self.stderr = stderr  # what it wrote to stderr (the HSA runtime's last words, say)
+        self.stacks = stacks  # what a stack dump of it finds
         self.ranks: dict[int, Heartbeat] = {}
         self.seen = 0
         self.dumped = self.killed = False
@@ -87,8 +100,14 @@ class ScriptedChild:
     def dump_stacks(self, out: Path) -> Path:
         self.dumped = True
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("stacks")
+        out.write_text(self.stacks)
         return out
+
+    def pids(self) -> list[int]:
+        return [self.pid]
+
+    def stderr_tail(self) -> str:
+        return self.stderr
 
     def kill(self) -> list[int]:
         self.killed = True
@@ -116,7 +135,7 @@ def supervisor(spec, children, clock: Clock, config, made: list | None = None, *
         clock=clock,
         sleep=clock.sleep,
         log=RunLog(stream=open(os.devnull, "w")),
-        **kw,
+        **{"machine": Machine(), **kw},  # no GPU unless a test gives one
     )
 
 

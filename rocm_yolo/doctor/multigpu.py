@@ -15,16 +15,7 @@ from typing import Iterator
 from rocm_yolo.doctor.report import FAIL, OK, WARN, Options, Row
 from rocm_yolo.gpu import wheels
 from rocm_yolo.gpu.arch import architectures
-
-# What RCCL needs on the kernel command line: (the option, what happens without it, public sources)
-KERNEL_OPTIONS = (
-    (
-        "iommu=pt",
-        "collectives between the GPUs may hang (RCCL warns of it at start-up)",
-        "ROCm/rccl#1129 (DDP training hangs), ROCm/rccl-tests#50 (RCCL's own warning), AMD's Radeon multi-GPU "
-        "guide (known issue: application hangs on multi-GPU systems)",
-    ),
-)
+from rocm_yolo.gpu.known_fixes import RCCL_KERNEL_OPTIONS
 
 
 def check_multi_gpu(opts: Options, gpus: list) -> Iterator[Row]:
@@ -78,7 +69,7 @@ def _kernel_options(opts: Options) -> Iterator[Row]:
     except OSError as e:
         yield Row("gpu.rccl", "RCCL prerequisites", WARN, f"cannot read /proc/cmdline ({e.strerror or e})")
         return
-    for option, risk, source in KERNEL_OPTIONS:
+    for option, risk, source in RCCL_KERNEL_OPTIONS:  # shared with the watchdog's verdicts
         if option in cmdline:
             yield Row("gpu.rccl", "RCCL prerequisites", OK, f"{option} is on the kernel command line")
         else:

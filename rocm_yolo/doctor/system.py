@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 from rocm_yolo.doctor.report import FAIL, OK, SKIP, WARN, Options, Row, loader_plan
-from rocm_yolo.gpu import wheels
+from rocm_yolo.gpu import kernel_log, known_fixes, wheels
 from rocm_yolo.gpu.arch import architectures
 from rocm_yolo.gpu.torch_build import torch_build
 from rocm_yolo.process.tree import Outcome, run_bounded
@@ -402,56 +402,11 @@ def check_start_method(opts: Options) -> Iterator[Row]:
 # ---------------------------------------------------------------------------------------
 # 8. kernel log
 
-KERNEL_PATTERNS = (
-    ("userptr", re.compile(r"amdgpu_amdkfd_restore_userptr_worker")),
-    ("hogged CPU", re.compile(r"hogged CPU", re.I)),
-    ("GPU reset", re.compile(r"GPU reset|gpu_recover|GPU recovery|reset (begin|succeeded|failed)", re.I)),
-    ("ring timeout", re.compile(r"ring \S+ timeout|\btimeout\b.*\bring\b", re.I)),
-    ("page fault", re.compile(r"page fault|VM_L2_PROTECTION_FAULT|retry fault|memory access fault", re.I)),
-)
-_AMD = re.compile(r"amdgpu|amdkfd|\bkfd\b", re.I)
-
-
-def read_kernel_log(opts: Options) -> tuple[str | None, str]:
-    """(log text or None, source or the reason it is unreadable)."""
-    if opts.kernel_log is not None:
-        try:
-            return opts.kernel_log.read_text(errors="replace"), str(opts.kernel_log)
-        except OSError as e:
-            return None, f"{opts.kernel_log}: {e.strerror}"
-    reasons = []
-    for cmd in (["dmesg"], ["journalctl", "-k", "-b", "-q", "--no-pager", "-n", "20000"]):
-        try:
-            outcome = run_bounded(cmd, 10)
-        except OSError as e:
-            reasons.append(f"{cmd[0]}: {e.strerror}")
-            continue
-        text = outcome.stdout
-        if outcome.returncode == 0 and text.strip() and "No entries" not in text[:200]:
-            return text, " ".join(cmd[:2])
-        reasons.append(
-            f"{cmd[0]}: " + ((outcome.tail(1) or ["no output"])[0] if not outcome.timed_out else "timed out")
-        )
-    return None, "; ".join(reasons)
-
-
-def scan_kernel_log(text: str) -> tuple[dict[str, int], list[str]]:
-    counts: dict[str, int] = {}
-    lines = []
-    for line in text.splitlines():
-        if not _AMD.search(line):
-            continue
-        hit = [name for name, rx in KERNEL_PATTERNS if rx.search(line)]
-        if hit:
-            for name in hit:
-                counts[name] = counts.get(name, 0) + 1
-            lines.append(line.strip())
-    return counts, lines
-
 
 def check_kernel_log(opts: Options) -> Iterator[Row]:
-    text, source = read_kernel_log(opts)
-    if text is None:
+    log = kernel_log.read(opts.kernel_log)
+    source = log.source
+    if not log.readable:
         yield Row(
             "kernel.log",
             "kernel log",
@@ -461,7 +416,7 @@ def check_kernel_log(opts: Options) -> Iterator[Row]:
             data={"source": source},
         )
         return
-    counts, lines = scan_kernel_log(text)
+    counts, lines = kernel_log.scan(log.lines)
     data = {"source": source, "counts": counts, "lines": lines[-50:]}
     if not counts:
         yield Row("kernel.log", "kernel log", OK, f"no amdgpu hangs, resets or faults ({source})", data=data)
@@ -476,6 +431,11 @@ def check_kernel_log(opts: Options) -> Iterator[Row]:
         fixes.append("the GPU hung and was reset: check the HSA override row, try --profile safe or a smaller --batch")
     if "page fault" in counts:
         fixes.append("GPU page faults: usually code for the wrong arch (HSA override) or a driver bug")
+    if "MES" in counts:
+        fixes.append(f"the MES firmware stopped responding: {known_fixes.MES_FIX.text} ({known_fixes.MES_FIX.source})")
+    if kernel_log.OOM in counts:
+        named = ", ".join(f"{name} (pid {pid})" for pid, name in kernel_log.victims(lines)[-3:])
+        fixes.append(f"the OOM killer killed {named or 'a process'}: fewer --workers, or cache=False")
     found = ", ".join(f"{n} x{c}" for n, c in counts.items()) + f" ({source})"
     details = [x[:160] for x in lines[-5:]]
     yield Row("kernel.log", "kernel log", WARN, found, "; ".join(fixes), details, data)

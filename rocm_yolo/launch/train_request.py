@@ -12,10 +12,12 @@ request is raw: :func:`rocm_yolo.launch.validation.make_spec` validates it into 
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from rocm_yolo import environment
 from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run.profiles import DEFAULT_PROFILE, PROFILES, parse_ladder
@@ -138,9 +140,19 @@ class TrainRequest:
     fallback: Any = field(
         default=None,
         metadata=_option(
-            f"profiles to step through on each restart (default: {','.join(WATCHDOG.ladder)})",
+            f"profiles to step through on each restart after a loader hang or a dead worker (other causes have "
+            f"their own remedy) (default: {','.join(WATCHDOG.ladder)})",
             group="watchdog",
             metavar="P1,P2,...",
+        ),
+    )
+    notify: Any = field(
+        default=None,
+        metadata=_option(
+            f"run CMD through the shell at each event of the run (started, hang, crash, restart, finished, failed, "
+            f"stopped), one JSON object on its stdin (default: ${environment.NOTIFY}); bounded, never delays training",
+            group="watchdog",
+            metavar="CMD",
         ),
     )
     overrides: Mapping[str, Any] = field(default_factory=dict)  # KEY=VALUE: Ultralytics train args, loader settings
@@ -181,7 +193,10 @@ class TrainRequest:
             for k in ("stall_timeout", "startup_grace", "max_restarts")
             if getattr(self, k) is not None
         }
-        config = WatchdogConfig(enabled=self.watchdog, ladder=_ladder(self.fallback), **given)  # > 0 and finite
+        notify = self.notify if self.notify is not None else os.environ.get(environment.NOTIFY)
+        config = WatchdogConfig(  # > 0 and finite
+            enabled=self.watchdog, ladder=_ladder(self.fallback), notify=notify or None, **given
+        )
         for key in ("stall_timeout", "startup_grace"):
             if key in given and given[key] < MIN_WATCH_SECONDS:
                 flag = "--" + key.replace("_", "-")

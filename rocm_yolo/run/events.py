@@ -46,8 +46,9 @@ class RunLog:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         self._append(self.log_path, f"{stamp} [{os.getpid()}] {message}\n")
 
-    def event(self, kind: str, message: str | None = None, **fields) -> None:
-        """Record an event; ``message`` (if any) also goes to the terminal and the log."""
+    def event(self, kind: str, message: str | None = None, /, **fields) -> None:
+        """Record an event; ``message`` (if any) also goes to the terminal and the log (a ``message`` field, if
+        given, goes into the record only)."""
         if message:
             self.info(message)
         record = {"event": kind, "time": time.time(), "pid": os.getpid(), **fields}

@@ -4,8 +4,8 @@
 submitit's ``JobPaths`` owns a job's folder: Ultralytics' own files (``weights/last.pt``,
 ``results.csv``), rocm-yolo's reports beside them (``rocm-yolo.log``, ``hang-K-stacks.txt``,
 ``crash-K.txt``, ``setup-K.txt``, ``internal-K.txt``) and its machinery in ``rocm_yolo/``
-(specs, heartbeat, supervisor state, events, tracker runs, the lock). The user-level directories (the
-cache for the demo set, the conv self-test and MIOpen) are here too.
+(specs, heartbeat, supervisor state, events, metrics, the child's stderr, tracker runs, the lock).
+The user-level directories (the cache for the demo set, the conv self-test and MIOpen) are here too.
 
 Nothing here touches the file system except :meth:`RunPaths.mid_checkpoints`, a glob.
 This module imports nothing heavy: the CLI, the supervisor and DataLoader workers use it.
@@ -151,6 +151,15 @@ class RunPaths:
     @property
     def events(self) -> Path:
         return self.state / "events.jsonl"
+
+    def child_stderr(self, attempt: int) -> Path:
+        """What the training child of ``attempt`` wrote to stderr (also shown on the terminal; bounded in size)."""
+        return self.state / f"child-{attempt}.stderr"
+
+    @property
+    def metrics(self) -> Path:
+        """The run's Prometheus textfile (node_exporter's textfile collector reads it), written atomically."""
+        return self.state / "metrics.prom"
 
     @property
     def tracker(self) -> Path:

@@ -76,6 +76,8 @@ class Hang:
     stalled_seconds: float
     stacks: str | None
     detected: float  # wall clock
+    cls: str | None = None  # what the watchdog found it was (supervisor.diagnosis: loader, gpu-hang, collective, ...)
+    signature: str | None = None  # what makes two failures the same
 
 
 @dataclass
@@ -92,6 +94,25 @@ class Recovery:
     detect_seconds: float
     restart_seconds: float
     retrain_seconds: float
+    failure: str | None = None  # the class of the failure it recovered from (supervisor.diagnosis)
+
+
+@dataclass
+class Failure:
+    """A hang or a crash as the watchdog diagnosed it, and what it did about it."""
+
+    attempt: int
+    kind: str  # hang | crash
+    cls: str  # loader, gpu-fault, gpu-hang, gpu-oom, host-oom, collective, training-error, data-error, unknown
+    title: str  # how rocm-yolo's line named it
+    signature: str  # what makes two failures the same (class and the fault's own words)
+    epoch: int | None  # where the run was last heard (1-based epoch)
+    batch: int | None
+    phase: str | None
+    detected: float  # wall clock
+    report: str | None = None  # RUN/crash-K.txt or RUN/hang-K-stacks.txt, with the diagnosis and its evidence
+    evidence: list | None = None  # the lines that decided the class
+    remedy: str | None = None  # ladder | same | p2p-off | stop (supervisor.remedies)
 
 
 @dataclass(frozen=True)
@@ -120,6 +141,8 @@ class SupervisorState:
     recoveries: list = field(default_factory=list)  # [Recovery]
     watchdog: WatchdogSettings | None = None
     detail: str | None = None  # what else the end says (e.g. "the final validation was interrupted")
+    failures: list = field(default_factory=list)  # [Failure], each diagnosed
+    verdict: list | None = None  # why the run stopped without retrying, and the known fixes (lines)
 
     @property
     def running(self) -> bool:
@@ -143,11 +166,14 @@ class SupervisorState:
         recoveries = data.get("recoveries") or []
         recoveries = [_typed(Recovery, r) for r in recoveries] if isinstance(recoveries, list) else None
         watchdog = _typed(WatchdogSettings, data["watchdog"]) if isinstance(data.get("watchdog"), dict) else None
+        failures = data.get("failures") or []
+        failures = [_typed(Failure, f) for f in failures] if isinstance(failures, list) else []
+        verdict = data.get("verdict")
+        verdict = [str(x) for x in verdict] if isinstance(verdict, list) else None
         if hangs is None or recoveries is None:
             return None
-        scalars = {f.name: data.get(f.name) for f in fields(cls) if f.name not in ("state", "hangs", "recoveries")}
-        scalars.pop("watchdog")
-        detail = scalars.pop("detail")
+        scalars = {f.name: data.get(f.name) for f in fields(_Scalars)}
+        detail = data.get("detail")
         record = _typed(_Scalars, scalars)
         if record is None:
             return None
@@ -157,6 +183,8 @@ class SupervisorState:
             recoveries=[r for r in recoveries if r is not None],
             watchdog=watchdog,
             detail=detail if isinstance(detail, str) else None,
+            failures=[f for f in failures if f is not None],
+            verdict=verdict,
             **asdict(record),
         )
 

@@ -25,6 +25,11 @@ class WatchdogConfig:
     poll_interval: float = 0.5
     term_timeout: float = 8.0
     kill_timeout: float = 4.0
+    gpu_release_timeout: float = 50.0  # after a GPU fault or hang: wait this long at most for the GPU (as NVRx)
+    notify: str | None = None  # a shell command run for each event of the run, the event as JSON on its stdin
+    notify_timeout: float = 30.0  # a notify command still running after this is killed
+    notify_grace: float = 5.0  # the run's last event: this long to be delivered before the command is killed
+    kernel_log: str | None = None  # a file read as the kernel log instead of the system's (tests set it)
 
     def __post_init__(self):
         if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
@@ -32,6 +37,8 @@ class WatchdogConfig:
         for value in (self.stall_timeout, self.startup_grace):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise UsageError("--stall-timeout and --startup-grace must be > 0 seconds (a finite number)")
+        if self.notify is not None and not isinstance(self.notify, str):
+            raise UsageError(f"notify={self.notify!r} must be a shell command (a string)")
 
 
 DEFAULTS = WatchdogConfig()

@@ -1,9 +1,13 @@
-"""The supervisor: run the training child, notice when it stalls or dies, recover.
+"""The supervisor: run the training child, notice when it stalls or dies, find out why, act on the cause, tell.
 
 One monitor loop, one decision per tick: the child is healthy (keep watching), finished
-(done), made a user error (give up, exit 2), or stalled/crashed (spend a restart: dump the
-stacks, kill the whole tree, resume the newest checkpoint on the next profile of the
-fallback ladder). The states and their transitions are in :mod:`.states`.
+(done), made a user error (give up, exit 2), or stalled/crashed: dump the stacks, kill the
+whole tree, diagnose the failure from its evidence (:mod:`.evidence`, :mod:`.diagnosis`), and
+apply the remedy for its class (:mod:`.remedies`): resume the newest checkpoint on the next
+profile of the fallback ladder, on the same profile once the GPU is released, with RCCL's
+peer-to-peer off, or stop with a verdict. Each event reaches the terminal, ``events.jsonl``,
+the notify command and ``metrics.prom`` (:mod:`.reporting`). The states and their transitions
+are in :mod:`.states`.
 
 Policy only: the process machinery sits behind the child factory (:class:`.trainer_process.TrainerProcess`, a
 :class:`.trainer_process.Child`),
@@ -14,17 +18,18 @@ real thing.
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Callable
 
 from rocm_yolo import errors, triage
+from rocm_yolo.gpu.release import Release, wait_released
 from rocm_yolo.process.lifecycle import signal_name
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.run.supervisor_state import (
+    Failure,
     Hang,
     Recovery,
     State,
@@ -33,9 +38,14 @@ from rocm_yolo.run.supervisor_state import (
     read_state,
     write_state,
 )
+from rocm_yolo.supervisor import evidence, remedies
 from rocm_yolo.supervisor.config import WatchdogConfig
+from rocm_yolo.supervisor.diagnosis import GPU_CLASSES, diagnose
+from rocm_yolo.supervisor.evidence import Machine
+from rocm_yolo.supervisor.reporting import Reporter
 from rocm_yolo.supervisor.restart import last_loadable, next_spec, tidy_finished
-from rocm_yolo.supervisor.stall import StallDetector
+from rocm_yolo.supervisor.signals import Signals
+from rocm_yolo.supervisor.stall import StallDetector, ranks_heard
 from rocm_yolo.supervisor.states import EXIT_STATES, RUN_EXIT, RunResult
 from rocm_yolo.supervisor.trainer_process import Child, TrainerProcess
 from rocm_yolo.supervisor.worklost import WorkLost
@@ -60,7 +70,9 @@ class Supervisor:
         sleep=time.sleep,
         log: RunLog | None = None,
         user_resume: bool = False,
-        stop_self: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGSTOP),
+        stop_self: Callable[[], None] | None = None,  # Ctrl-Z (tests: a fake)
+        machine: Machine | None = None,
+        gpu_wait: Callable[[list, Machine], Release] | None = None,
     ):
         self.spec = spec
         self.config = config
@@ -69,16 +81,24 @@ class Supervisor:
         self.sleep = sleep
         self.log = log or RunLog(spec.paths.log, spec.paths.events)
         self.user_resume = user_resume
-        self.interrupted: int | None = None
-        self.suspend_requested = False
-        self.stop_self = stop_self  # Ctrl-Z: until the shell continues this process
+        self.signals = Signals(stop_self) if stop_self else Signals()
         self.result = RunResult(state=State.RUNNING, exit_code=errors.FAILED, run_dir=spec.run_dir)
         self.started_wall = time.time()
         self._recovering_since: float | None = None
         self._failed_at = 0.0  # when the last attempt was found stalled or crashed (clock)
         self._state_error = False
         self.work = WorkLost()
+        self.reporter = Reporter(spec.run_dir, config, self.log, clock)
+        self.machine = machine  # read before the first attempt: the VRAM in use without this run
+        self.gpu_wait = gpu_wait or self._wait_released
+        self.failures: list[Failure] = []  # this run's, diagnosed (a resumed run's earlier ones are history)
+        self.decision: remedies.Decision | None = None  # what to do about the newest failure
+        self.remedy_env: dict = {}  # variables a remedy gave the attempts after it (NCCL_P2P_DISABLE=1)
+        self._detected: dict = {}  # the newest failure as noticed: when, where, the exit code, the stderr
+        self._attempt_began = time.time()
+        self._failed_pids: list[int] = []
         previous = read_state(spec.run_dir) if user_resume else None
+        self._earlier_failures = list(previous.failures) if previous else []  # kept in supervisor.json
         if previous:  # a resumed run keeps its history of hangs and restarts
             self.result.hangs = list(previous.hangs)
             self.result.restarts = previous.restarts
@@ -86,42 +106,26 @@ class Supervisor:
             self.result.recoveries = list(previous.recoveries)
 
     # signals -------------------------------------------------------------------------------
-    def _on_signal(self, signum, frame) -> None:
-        self.interrupted = signum
-
-    def _on_suspend(self, signum, frame) -> None:
-        self.suspend_requested = True
+    @property
+    def interrupted(self) -> int | None:
+        return self.signals.interrupted
 
     def install_signal_handlers(self) -> dict:
-        """SIGINT, SIGTERM and SIGHUP (the terminal went away) stop the run; SIGTSTP (Ctrl-Z) stops the whole tree
-        with the supervisor, and it goes on with it. A signal the caller set to be ignored stays ignored: SIGHUP
-        under nohup, SIGINT in a background job."""
-        previous = {}
-        handlers = {signal.SIGINT: self._on_signal, signal.SIGTERM: self._on_signal, signal.SIGHUP: self._on_signal}
-        handlers[signal.SIGTSTP] = self._on_suspend
-        for sig, handler in handlers.items():
-            if signal.getsignal(sig) is not signal.SIG_IGN:
-                previous[sig] = signal.signal(sig, handler)
-        return previous
-
-    def _suspend(self, child: Child, detector: StallDetector) -> None:
-        """Ctrl-Z: stop the training tree and this process; when the shell continues this one (fg, bg), continue the
-        tree. The time stopped is no hang."""
-        self.suspend_requested = False
-        self.log.event("suspended", "stopped (SIGTSTP): the training process tree is stopped too; fg or bg continues")
-        began = self.clock()
-        child.pause()
-        try:
-            self.stop_self()  # the shell sees the job stopped; SIGCONT goes on from here
-        finally:
-            child.unpause()
-        detector.pause(self.clock() - began)
-        self.log.event("continued", "continued: the training process tree goes on")
+        """Stop signals stop the run, Ctrl-Z stops the tree with the supervisor (:mod:`.signals`)."""
+        return self.signals.install()
 
     # the loop ------------------------------------------------------------------------------
     def run(self) -> RunResult:
+        try:
+            return self._run()
+        finally:
+            self.reporter.close()  # the last event gets a few seconds; no notify command outlives the run
+
+    def _run(self) -> RunResult:
         spec = self.spec
         restarts_left = self.config.max_restarts if self.config.enabled else 0
+        if self.machine is None:
+            self.machine = Machine.read()
         while True:
             if self.interrupted is not None:  # a signal during the previous kill: start nothing new
                 return self._interrupted(spec)
@@ -129,6 +133,8 @@ class Supervisor:
             ended = self._ended(outcome, spec)
             if ended is not None:
                 return ended
+            if self.decision is not None and self.decision.stops:
+                return self._stop(spec)
             if restarts_left <= 0:
                 self.log.event("give_up", f"{info}; no restarts left (--max-restarts {self.config.max_restarts})")
                 return self._finish(State.FAILED, spec)
@@ -141,14 +147,20 @@ class Supervisor:
 
     def _attempt(self, spec: RunSpec) -> tuple[State, str]:
         """Start one child and watch it to its end: (how the attempt ended, what to say if it failed)."""
+        self._attempt_began = time.time()  # the kernel log's lines from here on are this attempt's
         try:
             child = self.child_factory(spec, self.config)
         except OSError as e:  # the spec could not be written (disk full, read-only) or no process
             self._cannot_start(e)
             return State.SETUP_FAILED, ""
         self._write_state(State.RUNNING, spec, child_pid=child.pid)
+        if spec is self.spec:
+            self.reporter.event("started", None, attempt=spec.attempt, profile=spec.profile, say=False, pid=child.pid)
+        pids: list[int] = []
         try:
             outcome, info = self._watch(child, spec)
+            if outcome in (State.STALLED, State.CRASHED):
+                pids = child.pids()  # before the kill: the KFD lists them until the GPU lets them go
         finally:
             left = child.kill()  # the tree goes on every path: done, stalled, crashed, interrupted
             if left:
@@ -156,10 +168,12 @@ class Supervisor:
                     "leftover", f"processes still alive after SIGKILL (stuck in the kernel?): {left}", pids=left
                 )
         if outcome in (State.STALLED, State.CRASHED):
+            failure = self._diagnose(child, spec, outcome, pids)
             cut = self.work.failed(
                 "hang" if outcome == State.STALLED else "crash",
                 self._failed_at,
                 self.result.hangs[-1].stalled_seconds if outcome == State.STALLED else 0.0,
+                failure=failure.cls,
             )
             self._retrained(cut)
         return outcome, info
@@ -185,20 +199,33 @@ class Supervisor:
         return None
 
     def _restart(self, spec: RunSpec, restarts_left: int) -> RunSpec:
-        spec = next_spec(spec, self.config.ladder, self.log)
+        action = self.decision.action if self.decision is not None else remedies.LADDER
+        failure = self.failures[-1] if self.failures else None
+        if failure is not None and (failure.cls in GPU_CLASSES or action == remedies.P2P_OFF):
+            self._wait_for_gpu()  # the GPUs of a hung attempt are busy until the driver lets it go
+        self.remedy_env.update(self.decision.env if self.decision is not None else {})
+        spec = next_spec(spec, self.config.ladder if action == remedies.LADDER else (spec.profile,), self.log)
+        if self.remedy_env:
+            spec = spec.with_changes(env={**spec.env, **self.remedy_env})
         self.result.restarts += 1
-        failure = self.work.pending  # what the new attempt recovers from (its child tags the tracker run with it)
-        self.log.event(
+        pending = self.work.pending  # what the new attempt recovers from (its child tags the tracker run with it)
+        how = f"with profile '{spec.profile}'"
+        if action != remedies.LADDER and failure is not None:
+            how = f"on the same profile '{spec.profile}' ({failure.cls}: the loader is not the cause)"
+        if action == remedies.P2P_OFF:
+            how = f"on the same profile '{spec.profile}' {self.decision.reason}"
+        self.reporter.event(
             "restart",
-            f"restart {self.config.max_restarts - restarts_left}/{self.config.max_restarts} "
-            f"with profile '{spec.profile}'"
+            f"restart {self.config.max_restarts - restarts_left}/{self.config.max_restarts} {how}"
             + (f" from {spec.resume}" if spec.resume else " from the start (no checkpoint yet)")
             + f" ({restarts_left} left)",
             attempt=spec.attempt,
             profile=spec.profile,
+            cls=failure.cls if failure else None,
             resume=spec.resume,
-            cause=failure.cause if failure else None,
-            lost_at=failure.lost_at if failure else None,
+            remedy=action,
+            cause=pending.cause if pending else None,
+            lost_at=pending.lost_at if pending else None,
         )
         return spec
 
@@ -225,8 +252,8 @@ class Supervisor:
         while True:
             if self.interrupted is not None:
                 return State.INTERRUPTED, ""
-            if self.suspend_requested:
-                self._suspend(child, detector)
+            if self.signals.suspend_requested:
+                self.signals.suspend(child, detector, self.log, self.clock)
             rc = child.poll()
             now = self.clock()
             # every heartbeat, and before acting on an exit: the first trained batch tells where a resume started,
@@ -245,30 +272,21 @@ class Supervisor:
                 if rc in EXIT_STATES:
                     return EXIT_STATES[rc], ""
                 self._failed_at = now
-                self.log.event(
-                    "crash",
-                    f"training process exited with code {rc} (attempt {spec.attempt})",
-                    code=rc,
-                    attempt=spec.attempt,
-                )
+                self._detected = {"time": time.time(), "exit_code": rc, "hb": hb, "stderr": child.stderr_tail()}
+                how = f"code {rc}" + (f" ({signal_name(-rc)})" if rc < 0 else "")
+                self.log.info(f"training process exited with {how} (attempt {spec.attempt})")
                 return State.CRASHED, f"training process exited with code {rc}"
             if self.config.enabled and detector.stalled(now):
                 return State.STALLED, self._on_stall(child, spec, detector, hb, now)
+            self.reporter.tick(hb)
             self.sleep(self.config.poll_interval)
 
     def _on_stall(self, child: Child, spec: RunSpec, detector: StallDetector, hb: Heartbeat | None, now: float) -> str:
         where = f"epoch {hb.epoch}/{hb.epochs}, {hb.phase} batch {hb.batch}/{hb.batches}" if hb else "during start-up"
-        where += _ranks_heard(child.ranks)
+        where += ranks_heard(child.ranks)
         stalled = detector.stalled_for(now)
-        self.log.event(
-            "hang",
-            f"no progress for {stalled:.0f} s (timeout {detector.timeout():.0f} s) at {where}: hang",
-            epoch=hb.epoch if hb else None,
-            batch=hb.batch if hb else None,
-            phase=hb.phase if hb else None,
-            seconds=round(stalled, 1),
-            attempt=spec.attempt,
-        )
+        self._detected = {"time": time.time(), "hb": hb, "seconds": round(stalled, 1)}
+        self.log.info(f"no progress for {stalled:.0f} s (timeout {detector.timeout():.0f} s) at {where}: hang")
         out = spec.paths.hang_stacks(spec.attempt)  # attempts count on across resumes
         try:
             path = child.dump_stacks(out)
@@ -290,6 +308,84 @@ class Supervisor:
         self._recovering_since = self._failed_at = now
         self.log.event("kill", f"stopping the training process tree (pid {child.pid})", pid=child.pid)
         return f"hang at {where}"
+
+    # the cause, and its remedy --------------------------------------------------------------
+    def _diagnose(self, child: Child, spec: RunSpec, outcome: State, pids: list[int]) -> Failure:
+        """What the failure was (the evidence, its class, the report), and what to do about it (``self.decision``)."""
+        detected, hang = self._detected, outcome == State.STALLED
+        hb = detected.get("hb")
+        stderr = detected["stderr"] if "stderr" in detected else child.stderr_tail()
+        report = spec.paths.hang_stacks(spec.attempt) if hang else spec.paths.crash(spec.attempt)
+        self._failed_pids = sorted(set(pids) | {child.pid})
+        found = evidence.gather(
+            spec,
+            "hang" if hang else "crash",
+            exit_code=detected.get("exit_code"),
+            stderr=stderr,
+            stacks=report if hang and report.is_file() else None,
+            kernel_path=self.config.kernel_log,
+            window=(self._attempt_began, time.time()),
+            pids=set(self._failed_pids),
+            gpus=self.machine.gpus,
+        )
+        diagnosis = diagnose(found)
+        where = evidence.where(hb)
+        written = evidence.write_report(report, diagnosis, found, where)
+        failure = evidence.failure(spec.attempt, found.failure, diagnosis, hb, detected.get("time"), written)
+        context = evidence.context(spec, self.machine, diagnosis, found)
+        self.decision = remedies.decide(failure, diagnosis, self.failures, context)
+        failure.remedy = self.decision.action
+        self.failures.append(failure)
+        if hang and self.result.hangs:
+            self.result.hangs[-1].cls, self.result.hangs[-1].signature = diagnosis.cls, diagnosis.signature
+        self.reporter.event(
+            failure.kind,
+            f"{diagnosis.title} at {where} (attempt {spec.attempt})" + (f"; details in {written}" if written else ""),
+            attempt=spec.attempt,
+            profile=spec.profile,
+            time=failure.detected,
+            epoch=failure.epoch,
+            batch=failure.batch,
+            cls=diagnosis.cls,
+            exit_code=detected.get("exit_code"),
+            phase=failure.phase,
+            seconds=detected.get("seconds"),
+            code=detected.get("exit_code"),
+            signature=diagnosis.signature,
+        )
+        return failure
+
+    def _wait_for_gpu(self) -> None:
+        """After a GPU fault, a GPU hang or a hung collective: restart only once the GPU let the killed attempt go
+        (bounded)."""
+        found = self.gpu_wait(self._failed_pids, self.machine)
+        said = found.describe() if found.checked else None  # no KFD here (no AMD GPU): nothing to say
+        self.log.event("gpu_release", said, released=found.released, seconds=found.seconds, checked=found.checked)
+
+    def _wait_released(self, pids: list, machine: Machine) -> Release:
+        def sleep(dt: float) -> None:
+            self.reporter.tick(None)
+            self.sleep(dt)
+
+        return wait_released(
+            pids,
+            machine.gpus,
+            machine.vram_before,
+            self.config.gpu_release_timeout,
+            clock=self.clock,
+            sleep=sleep,
+            cancelled=lambda: self.interrupted is not None,
+        )
+
+    def _stop(self, spec: RunSpec) -> RunResult:
+        """The remedy is to stop: why, the known fixes, and what a later resume starts from."""
+        decision = self.decision
+        self.log.event("verdict", decision.reason, exit_code=decision.exit_code, verdict=list(decision.verdict))
+        for line in decision.verdict:
+            self.log.info(line)
+        self.result.verdict = [decision.reason, *decision.verdict]
+        self._say_what_is_kept(spec)
+        return self._finish(State.FAILED, spec, decision.exit_code)
 
     def _note_recovered(self, now: float, spec: RunSpec, child_pid: int, hb: Heartbeat) -> None:
         since = self._recovering_since
@@ -323,14 +419,26 @@ class Supervisor:
         self.result.exit_code = RUN_EXIT[state] if code is None else code
         self.result.attempts = spec.attempt
         self.result.wall_seconds = time.time() - self.started_wall
+        self.result.failures = list(self.failures)
         self._write_state(state, spec)
+        kind = {State.FINISHED: "finished", State.INTERRUPTED: "stopped"}.get(state, "failed")
+        last = self.failures[-1] if self.failures and kind == "failed" else None
+        reason = self.result.verdict[0] if self.result.verdict else None
+        self.reporter.event(
+            kind,
+            reason or (last.title if last else None),
+            attempt=spec.attempt,
+            profile=spec.profile,
+            say=False,
+            exit_code=self.result.exit_code,
+            cls=last.cls if last else None,
+            epoch=last.epoch if last else None,
+            batch=last.batch if last else None,
+        )
         return self.result
 
     def _interrupted(self, spec: RunSpec) -> RunResult:
-        code = {signal.SIGINT: errors.INTERRUPTED, signal.SIGHUP: errors.HANGUP}.get(
-            self.interrupted, errors.TERMINATED
-        )
-        name = signal_name(self.interrupted) if self.interrupted else "signal"
+        code, name = self.signals.exit_code(), self.signals.name()
         paths = spec.paths
         self.log.event("interrupted", f"stopped by {name}; the training process tree is gone", signal=name)
         found = summary(paths.last) if paths.last.exists() else None
@@ -374,6 +482,8 @@ class Supervisor:
                 step_multiplier=self.config.step_multiplier,
                 startup_grace=self.config.startup_grace,
             ),
+            failures=self._earlier_failures + self.failures,
+            verdict=self.result.verdict,
         )
         try:
             write_state(spec.run_dir, record)
@@ -384,15 +494,3 @@ class Supervisor:
                     f"cannot write {spec.paths.supervisor} ({e.strerror or e}); "
                     "'rocm-yolo status' shows the last state written"
                 )
-
-
-def _ranks_heard(ranks: dict) -> str:
-    """On several GPUs, where each rank was last heard: the one that stopped first is the one that hangs."""
-    if len(ranks) < 2:
-        return ""
-    wall = time.time()
-    heard = ", ".join(
-        f"rank {r} at {hb.phase} batch {hb.batch}/{hb.batches} {max(wall - hb.time, 0):.0f} s ago"
-        for r, hb in sorted(ranks.items())
-    )
-    return f" (last heard: {heard})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from rocm_yolo.run.heartbeat import Heartbeat
@@ -52,3 +53,15 @@ class StallDetector:
 
     def stalled(self, now: float) -> bool:
         return self.stalled_for(now) > self.timeout()
+
+
+def ranks_heard(ranks: dict) -> str:
+    """On several GPUs, where each rank was last heard: the one that stopped first is the one that hangs."""
+    if len(ranks) < 2:
+        return ""
+    wall = time.time()
+    heard = ", ".join(
+        f"rank {r} at {hb.phase} batch {hb.batch}/{hb.batches} {max(wall - hb.time, 0):.0f} s ago"
+        for r, hb in sorted(ranks.items())
+    )
+    return f" (last heard: {heard})"

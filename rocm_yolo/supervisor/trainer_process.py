@@ -16,6 +16,7 @@ from typing import Protocol
 
 from rocm_yolo import environment
 from rocm_yolo.process import tree
+from rocm_yolo.process.tee import Tee
 from rocm_yolo.run import heartbeat
 from rocm_yolo.run.devices import world_size
 from rocm_yolo.run.heartbeat import Heartbeat
@@ -39,6 +40,12 @@ class Child(Protocol):
 
     def dump_stacks(self, out: Path) -> Path:
         """Write the Python stacks of its whole tree into ``out``; bounded in time."""
+
+    def pids(self) -> list[int]:
+        """The pids of its whole tree now (before a kill: the KFD lists them until the GPU lets them go)."""
+
+    def stderr_tail(self) -> str:
+        """The newest part of what its tree wrote to stderr (copied to the terminal already)."""
 
     def kill(self) -> list[int]:
         """Stop its whole tree; the pids still alive after SIGKILL."""
@@ -101,7 +108,8 @@ class TrainerProcess:
     """The training child in its own session.
 
     It dies with the supervisor (``PR_SET_PDEATHSIG``) and sends its heartbeat down a pipe,
-    so a disk too full for the heartbeat file is not taken for a hang.
+    so a disk too full for the heartbeat file is not taken for a hang. Its stderr is a second pipe, copied to
+    the terminal as it comes and kept (:class:`~rocm_yolo.process.tee.Tee`): the GPU runtime's last words.
     """
 
     def __init__(self, spec: RunSpec, config: WatchdogConfig):
@@ -111,18 +119,22 @@ class TrainerProcess:
         env = dict(os.environ)
         env[environment.SUPERVISOR_PID] = str(os.getpid())
         read_end, write_end = os.pipe()
+        err_read, err_write = os.pipe()
         env[environment.HEARTBEAT_FD] = str(write_end)
         try:
             self.proc = tree.start(
-                [sys.executable, "-m", TRAINER_MODULE, str(spec_path)], env=env, pass_fds=(write_end,)
+                [sys.executable, "-m", TRAINER_MODULE, str(spec_path)], env=env, pass_fds=(write_end,), stderr=err_write
             )
         except BaseException:
             os.close(read_end)
+            os.close(err_read)
             raise
         finally:
             os.close(write_end)
+            os.close(err_write)
         self.pid = self.proc.pid
         self.beats = PipeReader(read_end)
+        self.stderr = Tee(err_read, _stderr_fd(), spec.paths.child_stderr(spec.attempt))
         # on several GPUs the child launches the ranks, and they send the beats (their pids are theirs)
         self.multi_gpu = world_size(spec.train_args) > 1
         self.ranks: dict[int, Heartbeat] = {}  # each rank's newest record
@@ -140,6 +152,13 @@ class TrainerProcess:
     def dump_stacks(self, out: Path) -> Path:
         return tree.dump_stacks(self.pid, self.spec.paths.stacks, out)
 
+    def pids(self) -> list[int]:
+        return [p.pid for p in tree.members(self.pid)]
+
+    def stderr_tail(self) -> str:
+        self.stderr.drain()
+        return self.stderr.tail()
+
     def kill(self) -> list[int]:
         left = tree.kill(self.pid, self.config.term_timeout, self.config.kill_timeout)
         try:
@@ -154,3 +173,11 @@ class TrainerProcess:
 
     def unpause(self) -> None:
         tree.send(tree.members(self.pid), signal.SIGCONT)
+
+
+def _stderr_fd() -> int | None:
+    """Where the child's stderr is copied: this process's own stderr (None if it has none)."""
+    try:
+        return sys.stderr.fileno() if sys.stderr is not None else 2
+    except (OSError, ValueError, AttributeError):  # a notebook's or a test's stand-in: the real fd 2
+        return 2

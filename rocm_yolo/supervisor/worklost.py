@@ -29,6 +29,7 @@ class _Failure:  # an attempt that failed, until the next one trains its first b
     batches: int
     detect_seconds: float
     failed_at: float
+    failure: str | None = None  # its class (supervisor.diagnosis)
 
 
 class WorkLost:
@@ -64,10 +65,12 @@ class WorkLost:
         self.retraining = None
         return record
 
-    def failed(self, cause: str, now: float, detect_seconds: float = 0.0) -> Recovery | None:
-        """An attempt stalled or crashed; returns a record still retraining that it cut short."""
+    def failed(
+        self, cause: str, now: float, detect_seconds: float = 0.0, failure: str | None = None
+    ) -> Recovery | None:
+        """An attempt stalled or crashed (``failure``: its class); returns a record still retraining it cut short."""
         cut = self._finish_retraining() if self.retraining is not None else None
-        self.pending = _Failure(cause, self.at, self.batches, round(detect_seconds, 1), now)
+        self.pending = _Failure(cause, self.at, self.batches, round(detect_seconds, 1), now, failure)
         self.at = None
         return cut
 
@@ -88,6 +91,7 @@ class WorkLost:
             detect_seconds=failure.detect_seconds,
             restart_seconds=round(now - failure.failed_at, 1),
             retrain_seconds=0.0,
+            failure=failure.failure,
         )
         lost = failure.lost_at
         if lost is not None and start is not None and failure.batches == hb.batches:

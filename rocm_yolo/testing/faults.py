@@ -14,7 +14,13 @@ in rank ``RANK`` of a multi-GPU run; without it in whichever rank claims it firs
 - ``bug``: the trainer raises ``KeyError`` from rocm-yolo's own code (an internal error);
   ``bug@setup`` raises it before training starts;
 - ``save-kill``: the trainer kills itself with SIGKILL halfway through writing the first
-  mid-epoch checkpoint at or after that batch (a temporary file is left, half written).
+  mid-epoch checkpoint at or after that batch (a temporary file is left, half written);
+- ``gpu-fault``: the trainer writes the HSA runtime's line for a GPU page fault to its stderr
+  (:data:`HSA_FAULT_LINE`, from C, as the runtime does) and calls ``abort()`` (SIGABRT);
+- ``oom``: the trainer raises ``torch.OutOfMemoryError`` with torch's own message for a GPU out of
+  memory (:data:`OOM_MESSAGE`);
+- ``same-crash``: the trainer raises the same ``RuntimeError`` at that batch in every attempt (not
+  once per run): a deterministic error of the training step.
 
 Conv self-test faults, ``WHERE`` = a strategy name: ``conv-raise`` imitates a HIP error,
 ``conv-abort`` a GPU memory access fault (SIGABRT), ``conv-hang`` a stuck kernel (all three
@@ -25,7 +31,9 @@ autograd raise, as MIOpen's "No invoker was registered for convolution forward" 
 YOLOv8's validation (ROCm/MIOpen#3077): training passes, validation fails.
 
 A training fault fires once per run directory (a marker file records it), so the run that
-the watchdog restarts is healthy. Production code reaches this module only through the hook
+the watchdog restarts is healthy; a fault listed twice fires twice (``gpu-fault@2:1,gpu-fault@2:1``:
+in the first two attempts that reach that batch), and ``same-crash`` fires every time.
+Production code reaches this module only through the hook
 points of :mod:`rocm_yolo.run.hooks`, answered by the :mod:`rocm_yolo.testing` plugin.
 """
 
@@ -37,7 +45,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
@@ -45,7 +53,18 @@ from rocm_yolo.environment import FAULT as ENV
 from rocm_yolo.run.devices import rank
 from rocm_yolo.run.paths import RunPaths
 
-TRAINING = ("worker-hang", "main-hang", "crash", "kill", "bug", "save-kill")
+TRAINING = ("worker-hang", "main-hang", "crash", "kill", "bug", "save-kill", "gpu-fault", "oom", "same-crash")
+EVERY_ATTEMPT = ("same-crash",)  # fires in every attempt that reaches it, not once per run
+HSA_FAULT_LINE = (
+    "Memory access fault by GPU node-1 (Agent handle: 0x55d5c0a3e2a0) on address 0x7f3a1c000000. "
+    "Reason: Page not present or supervisor privilege.\n"
+)  # the HSA runtime's words (ROCR-Runtime), before it calls abort()
+OOM_MESSAGE = (
+    "HIP out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 7.98 GiB of which 1.02 GiB is "
+    "free. Of the allocated memory 5.91 GiB is allocated by PyTorch, and 312.00 MiB is reserved by PyTorch but "
+    "unallocated. If reserved but unallocated memory is large try setting "
+    "PYTORCH_HIP_ALLOC_CONF=expandable_segments:True to avoid fragmentation."
+)
 CONV_AT_START = ("conv-raise", "conv-abort", "conv-hang")
 CONV = CONV_AT_START + ("conv-slow", "conv-half-inference")
 SLOW_CONV_SECONDS = 0.02  # what conv-slow adds to every convolution
@@ -62,6 +81,7 @@ class Fault:
     batch: int | None = None
     where: str | None = None  # conv faults: the strategy; "setup" for bug@setup
     rank: int | None = None  # training faults of a multi-GPU run: the rank it fires in (None: any)
+    nth: int = 0  # the kind's items before this one in the list: this one fires after they did
 
 
 def parse(text: str | None) -> list[Fault]:
@@ -98,7 +118,7 @@ def parse(text: str | None) -> list[Fault]:
                 raise ValueError(f"{ENV}: {item!r}: write {kind}@EPOCH:BATCH[:RANK], e.g. {kind}@2:1") from None
         else:
             out.append(Fault(kind))
-    return out
+    return [replace(f, nth=sum(g.kind == f.kind for g in out[:i])) for i, f in enumerate(out)]
 
 
 def active(env: Mapping[str, str] = os.environ) -> list[Fault]:
@@ -110,11 +130,19 @@ def find(kind: str, env: Mapping[str, str] = os.environ) -> Fault | None:
 
 
 def claim(fault: Fault, paths: RunPaths) -> bool:
-    """True the first time ``fault`` fires in this run directory (a marker file records it)."""
+    """True the first time ``fault`` fires in this run directory (a marker file records each firing of its kind:
+    the kind's n-th item of the list fires once n items of it have)."""
+    if fault.kind in EVERY_ATTEMPT:
+        return True
     marker = paths.fault_fired(fault.kind)
-    if marker.exists():
+    try:
+        fired = len(marker.read_text().splitlines())
+    except OSError:
+        fired = 0
+    if fired != fault.nth:
         return False
-    marker.write_text(f"{fault.kind} at epoch {fault.epoch} batch {fault.batch}\n")
+    with open(marker, "a") as f:
+        f.write(f"{fault.kind} at epoch {fault.epoch} batch {fault.batch}\n")
     return True
 
 
@@ -310,6 +338,15 @@ class Injector:
                 raise RuntimeError(f"injected crash ({ENV}) at epoch {f.epoch} batch {f.batch}")
             elif f.kind == "bug":
                 raise_bug(f"at epoch {f.epoch} batch {f.batch}")
+            elif f.kind == "gpu-fault":
+                os.write(2, HSA_FAULT_LINE.encode())  # from C in the runtime: no Python buffer in between
+                os.abort()
+            elif f.kind == "oom":
+                import torch
+
+                raise torch.OutOfMemoryError(OOM_MESSAGE)
+            elif f.kind == "same-crash":
+                raise RuntimeError(f"injected training error ({ENV}) at epoch {f.epoch} batch {f.batch}, every attempt")
 
 
 # --------------------------------------------------------------------------- an epoch's save

@@ -1,9 +1,12 @@
-"""End to end: real hangs and real kills in real Ultralytics training, caught by the watchdog.
+"""End to end: real hangs, kills and faults in real Ultralytics training, caught, diagnosed and remedied.
 
 Each test makes a genuine fault (a DataLoader worker or the trainer blocking forever, a worker
-killed with SIGKILL) and checks that the supervisor notices it within the stall timeout plus
-10 s, writes the stacks (or the traceback), kills the whole tree, resumes down the fallback
-ladder, finishes every requested epoch with a continuous results.csv, and leaves no process.
+killed with SIGKILL, the HSA runtime's page-fault line and an abort, a GPU out of memory, the same
+error in every attempt) and checks that the supervisor notices it (a hang within the stall timeout
+plus 10 s), writes the stacks (or the traceback) with its diagnosis, kills the whole tree, applies
+the remedy of the failure's class (the fallback ladder for the loader only, the same profile after a
+GPU fault, a stop with exit 4 or 5), tells a real notify command, and leaves no process. The kernel
+log is a test's file (the seam in ``tests/fake_kernel_log``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import TINY, epochs_in, events
+from helpers import TINY, epochs_in, events, rocm_lines
 from rocm_yolo.process import tree
 from rocm_yolo.run import checkpoints, heartbeat
 from rocm_yolo.run.paths import RunPaths
@@ -26,6 +29,7 @@ pytestmark = pytest.mark.e2e
 
 
 STALL = 10  # --stall-timeout for these tests (the default is 180 s)
+SEAM = Path(__file__).resolve().parents[1] / "fake_kernel_log"
 
 
 WATCH = ["--stall-timeout", str(STALL), "--startup-grace", "90", "--workers", "2", "prefetch_factor=1"]
@@ -45,6 +49,28 @@ def check_recovered(cli, r, run: Path, epochs: int, hung_at: float | None = None
     return restart
 
 
+def with_kernel_log(cli, tmp_path) -> Path:
+    """Point the supervisor of ``cli``'s runs at a kernel log the test writes (tests/fake_kernel_log)."""
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    cli.env["PYTHONPATH"] = os.pathsep.join(x for x in (str(SEAM), os.environ.get("PYTHONPATH")) if x)
+    cli.env["ROCM_YOLO_TEST_KERNEL_LOG"] = str(log)
+    return log
+
+
+def kernel_line(text: str) -> str:
+    """``text`` as the kernel logged it now (journalctl -o short-unix)."""
+    return f"{time.time():.6f} testhost kernel: {text}\n"
+
+
+def notify_script(tmp_path) -> tuple[str, Path]:
+    """A notify command that writes the JSON it is given into a file: (the command, the file)."""
+    script, heard = tmp_path / "notify.sh", tmp_path / "heard.jsonl"
+    script.write_text('#!/bin/sh\ncat >> "$1"\n')
+    script.chmod(0o755)
+    return f"{script} {heard}", heard
+
+
 def stacks(run: Path) -> str:
     [path] = run.glob("hang-1-stacks.txt")
     return path.read_text()
@@ -53,11 +79,21 @@ def stacks(run: Path) -> str:
 @pytest.mark.lowerbound
 def test_worker_blocking_forever_mid_run(cli, tiny_data, tmp_path):
     run = tmp_path / "runs" / "detect" / "train"
-    r = cli.run("train", str(tiny_data), "--epochs", "3", *WATCH, *TINY, env={"ROCM_YOLO_FAULT": "worker-hang@2:1"})
+    notify, heard = notify_script(tmp_path)
+    r = cli.run(
+        "train", str(tiny_data), "--epochs", "3", *WATCH, *TINY, "--notify", notify,
+        env={"ROCM_YOLO_FAULT": "worker-hang@2:1"},
+    )  # fmt: skip
     fired = RunPaths(run).fault_fired("worker-hang").stat().st_mtime
     hang = check_recovered(cli, r, run, 3, hung_at=fired)
-    assert hang["epoch"] == 2 and hang["phase"] == "train"
+    assert hang["epoch"] == 2 and hang["phase"] == "train" and hang["class"] == "loader"
+    told = [json.loads(line) for line in heard.read_text().splitlines()]  # a real command, the events in order
+    assert [e["event"] for e in told] == ["started", "hang", "restart", "finished"]
+    assert told[1]["class"] == "loader" and told[1]["epoch"] == 2 and told[2]["profile"] == "safe"
+    assert told[3]["exit_code"] == 0 and {e["run"] for e in told} == {str(run)}
+    assert "DataLoader hang (the trainer waits for a batch that never comes) at epoch 2/3" in r.stdout
     text = stacks(run)
+    assert "class: loader" in text.split("--- rocm-yolo diagnosis:")[1]
     worker_part = text[text.index("(worker,") :]
     assert "block_forever" in worker_part and "__getitem__" in worker_part  # where the worker is stuck
     assert "_try_get_data" in text[: text.index("(worker,")]  # the trainer waits for its batch
@@ -74,13 +110,17 @@ def test_trainer_blocking_forever_before_the_first_checkpoint_restarts_in_the_sa
     assert hang["epoch"] == 1 and hang["batch"] in (1, 2)  # as of the last heartbeat (written at most 1/s)
     trainer_part = stacks(run).split("=====")[1]
     assert "(trainer," in trainer_part and "block_forever" in trainer_part and "on_train_batch_end" in trainer_part
+    assert hang["class"] == "unknown"  # blocked in a callback: no evidence of a cause, so the ladder as before
     [restart] = events(run, "restart")
     assert restart["resume"] is None and "from the start (no checkpoint yet)" in r.stdout
     assert not (tmp_path / "runs" / "detect" / "train-2").exists()
 
 
 def test_worker_killed_with_sigkill(cli, tiny_data, tmp_path):
+    """Killed by the OOM killer, as the (fake) kernel log says: host out of memory, the victim named, and the
+    ladder's next rung (safe: fewer workers) as its remedy."""
     run = tmp_path / "runs" / "detect" / "train"
+    kernel = with_kernel_log(cli, tmp_path)
     proc = cli.start("train", str(tiny_data), "--epochs", "3", *WATCH, *TINY)
     deadline = time.monotonic() + 180
     victim = None
@@ -93,6 +133,9 @@ def test_worker_killed_with_sigkill(cli, tiny_data, tmp_path):
         time.sleep(0.05)
     assert victim is not None, "no live worker found in epoch 2"
     killed_at = time.time()
+    with open(kernel, "a") as f:
+        f.write(kernel_line("usb 1-1: new device"))
+        f.write(kernel_line(f"Out of memory: Killed process {victim} (python) total-vm:2000000kB, anon-rss:900000kB"))
     os.kill(victim, signal.SIGKILL)
     proc.wait(timeout=240)
     out = cli.read()
@@ -102,3 +145,67 @@ def test_worker_killed_with_sigkill(cli, tiny_data, tmp_path):
     assert crash["time"] - killed_at <= STALL + 10
     [trace] = run.glob("crash-1.txt")
     assert "DataLoader worker" in trace.read_text() and str(victim) in trace.read_text()
+    assert crash["class"] == "host-oom" and f"the OOM killer killed python (pid {victim})" in crash["message"]
+    report = trace.read_text().split("--- rocm-yolo diagnosis:")[1]
+    assert "Out of memory: Killed process" in report and "usb 1-1" not in report  # the kernel's lines that matter
+
+
+FAULTY = [*TINY, "--epochs", "1", "--stall-timeout", str(STALL), "--startup-grace", "90"]
+
+
+def test_a_gpu_fault_restarts_on_the_same_profile_and_the_second_ends_with_exit_4(cli, tiny_data, tmp_path):
+    run = tmp_path / "runs" / "detect" / "train"
+    kernel = with_kernel_log(cli, tmp_path)
+    kernel.write_text(kernel_line("amdgpu 0000:03:00.0: amdgpu: [gfxhub] page fault (src_id:0 ring:24 vmid:6)"))
+    r = cli.run(
+        "train", str(tiny_data), *FAULTY, "--workers", "1",
+        env={"ROCM_YOLO_FAULT": "gpu-fault@1:2,gpu-fault@1:2"},
+    )  # fmt: skip
+    assert r.returncode == 4, r.stdout[-3000:]
+    lines = rocm_lines(r.stdout)
+    fault = "Memory access fault by GPU node-1 (Agent handle: 0x55d5c0a3e2a0) on address 0x7f3a1c000000."
+    assert any(fault in line for line in r.stdout.splitlines())  # the runtime's own line still reaches the terminal
+    assert "rocm-yolo: training process exited with code -6 (SIGABRT) (attempt 1)" in lines
+    said = (
+        f"rocm-yolo: GPU memory access fault (page not present) at epoch 1/1, batch 2/4 (attempt 1); details in {run}"
+    )
+    assert any(line.startswith(said) for line in lines)
+    assert [e["profile"] for e in events(run, "restart")] == ["fast"]  # not down the ladder
+    assert any("restart 1/3 on the same profile 'fast' (gpu-fault" in line for line in lines)
+    assert "rocm-yolo: the same failure twice at epoch 1, batch 2: not retrying" in lines
+    assert any("ROCm/ROCm#5051" in line for line in lines)  # a known issue, with its source
+    assert [e["class"] for e in events(run, "crash")] == ["gpu-fault", "gpu-fault"]
+    report = (run / "crash-1.txt").read_text()
+    assert "class: gpu-fault" in report and "[gfxhub] page fault" in report and fault in report
+    assert fault in RunPaths(run).child_stderr(1).read_text()
+    assert cli.leftovers() == []
+
+
+def test_the_same_error_twice_at_the_same_batch_stops_and_a_notify_that_never_returns_is_killed(
+    cli, tiny_data, tmp_path
+):
+    run = tmp_path / "runs" / "detect" / "train"
+    r = cli.run(
+        "train", str(tiny_data), *FAULTY, "--profile", "single", "--max-restarts", "5", "--notify", "sleep 600",
+        env={"ROCM_YOLO_FAULT": "same-crash@1:2"},
+    )  # fmt: skip
+    assert r.returncode == 5, r.stdout[-3000:]
+    assert "rocm-yolo: the same failure twice at epoch 1, batch 2: not retrying" in rocm_lines(r.stdout)
+    assert [p.name for p in RunPaths(run).specs()] == ["spec-1.json", "spec-2.json"]  # 4 restarts left unspent
+    assert [e["class"] for e in events(run, "crash")] == ["training-error"] * 2
+    [failed] = events(run, "failed")
+    assert failed["exit_code"] == 5 and failed["message"].startswith("the same failure twice")
+    assert len(events(run, "notify_error")) == 1  # said once
+    assert cli.leftovers() == []  # the notify commands too: none outlives the run
+
+
+def test_gpu_out_of_memory_is_not_retried_and_a_smaller_batch_is_suggested(cli, tiny_data, tmp_path):
+    run = tmp_path / "runs" / "detect" / "train"
+    r = cli.run("train", str(tiny_data), *FAULTY, "--profile", "single", env={"ROCM_YOLO_FAULT": "oom@1:1"})
+    assert r.returncode == 4, r.stdout[-3000:]
+    assert (
+        "rocm-yolo: GPU out of memory at batch 4, imgsz 32: not retrying the same batch; try --batch 2 "
+        "(or batch=-1: Ultralytics picks one from the free memory)"
+    ) in rocm_lines(r.stdout)
+    assert events(run, "restart") == [] and events(run, "crash")[0]["class"] == "gpu-oom"
+    assert cli.leftovers() == []

@@ -178,3 +178,17 @@ def test_a_watchdog_too_short_to_tell_a_pause_from_a_hang_is_refused(key):
     with pytest.raises(UsageError, match=f"^{flag} 1 is too short: .* give {flag} 10 or more$"):
         TrainRequest(**{key: 1}).watchdog_config()
     assert getattr(TrainRequest(**{key: 10}).watchdog_config(), key) == 10
+
+
+def test_notify_comes_from_the_flag_or_the_environment_and_travels_in_the_watchdogs_config(monkeypatch):
+    from rocm_yolo import cli
+
+    monkeypatch.delenv("ROCM_YOLO_NOTIFY", raising=False)
+    args, extra = cli.build_parser().parse_known_args(["train", "d.yaml", "--notify", "cat > /tmp/x"])
+    assert TrainRequest.from_args(args, extra).watchdog_config().notify == "cat > /tmp/x"
+    assert request("d.yaml").watchdog_config().notify is None
+    monkeypatch.setenv("ROCM_YOLO_NOTIFY", "mail me")
+    assert request("d.yaml").watchdog_config().notify == "mail me"
+    assert request("d.yaml", notify="").watchdog_config().notify is None  # the flag wins, even to turn it off
+    with pytest.raises(UsageError, match="shell command"):
+        request("d.yaml", notify=["a"]).watchdog_config()

@@ -118,7 +118,7 @@ def test_interrupt_stops_the_child_and_reports_130(spec):
         CONFIG,
         child_factory=lambda s, c: child,
         clock=clock,
-        sleep=lambda dt: (clock.sleep(dt), setattr(sup, "interrupted", 2)),
+        sleep=lambda dt: (clock.sleep(dt), setattr(sup.signals, "interrupted", 2)),
         log=RunLog(stream=open("/dev/null", "w")),
     )
     result = sup.run()
@@ -174,7 +174,7 @@ def test_ctrl_z_stops_the_tree_with_the_supervisor_and_the_time_stopped_is_no_ha
     def sleep(dt):
         clock.sleep(dt)
         if clock.now == 50:
-            sup.suspend_requested = True
+            sup.signals.suspend_requested = True
 
     sup = Supervisor(
         spec,

@@ -1,0 +1,185 @@
+"""The kernel log, read and scanned for what the amdgpu driver and the OOM killer say: the doctor and the watchdog
+share it.
+
+:func:`read` takes the first source that answers: a file the caller names (the doctor's ``--kernel-log``, the
+watchdog's :attr:`~rocm_yolo.supervisor.config.WatchdogConfig.kernel_log`, which tests set), ``/dev/kmsg`` (read
+without blocking), ``dmesg``, ``journalctl -k``, each bounded in time. Every line keeps its wall-clock time where the
+source gives one (``[ 123.456]`` since boot, ``/dev/kmsg``'s microseconds since boot, or a leading Unix time as
+``journalctl -o short-unix`` writes it), so :func:`within` can bound the lines to a failure's time window.
+
+:func:`scan` counts the lines that matter (:data:`PATTERNS`): the amdgpu driver's ring timeouts, GPU resets, page
+faults (``VM_L2_PROTECTION_FAULT``), the MES firmware that stops responding (gfx11 APUs: ROCm/ROCm#5724, #6530),
+the ``restore_userptr`` worker of forked DataLoader workers, and the OOM killer; :func:`victims` names whom the OOM
+killer killed. Torch-free; reading never raises.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rocm_yolo.process.tree import run_bounded
+
+KMSG = "/dev/kmsg"
+COMMANDS = (["dmesg"], ["journalctl", "-k", "-b", "-q", "--no-pager", "-o", "short-unix", "-n", "20000"])
+MAX_RECORDS = 200_000  # /dev/kmsg holds a few thousand; a bound all the same
+
+# (name, pattern): an amdgpu line matches when the line is the driver's (AMD_LINE) and the pattern matches
+PATTERNS = (
+    ("userptr", re.compile(r"amdgpu_amdkfd_restore_userptr_worker")),
+    ("hogged CPU", re.compile(r"hogged CPU", re.I)),
+    ("GPU reset", re.compile(r"GPU reset|gpu_recover|GPU recovery|reset (begin|succeeded|failed)", re.I)),
+    ("ring timeout", re.compile(r"ring \S+ timeout|\btimeout\b.*\bring\b", re.I)),
+    ("page fault", re.compile(r"page fault|VM_L2_PROTECTION_FAULT|retry fault|memory access fault", re.I)),
+    ("MES", re.compile(r"MES failed to respon(?:d|se)", re.I)),  # older kernels: "failed to response"
+)
+AMD_LINE = re.compile(r"amdgpu|amdkfd|\bkfd\b", re.I)
+OOM = "OOM killer"  # not the driver's: the kernel's own line
+_OOM_LINE = re.compile(r"Out of memory: Kill(?:ed)? process|oom-kill:|invoked oom-killer", re.I)
+_VICTIM = re.compile(r"Killed process (\d+) \(([^)]*)\)|oom-kill:.*?task=([^,\s]+),pid=(\d+)")
+
+_SINCE_BOOT = re.compile(r"^\s*\[\s*(\d+\.\d+)\]\s?")  # dmesg: "[  123.456789] text"
+_UNIX = re.compile(r"^(\d{9,11}\.\d+)\s+\S+\s+kernel:\s?")  # journalctl -o short-unix: "1700000000.123 host kernel: "
+_KMSG = re.compile(r"^\d+,\d+,(\d+),[^;]*;")  # /dev/kmsg: "PRIORITY,SEQ,USEC,FLAGS;text"
+
+
+@dataclass(frozen=True)
+class KernelLine:
+    time: float | None  # wall clock, where the source gives it
+    text: str
+
+
+@dataclass(frozen=True)
+class KernelLog:
+    lines: tuple[KernelLine, ...] | None  # None: no source could be read
+    source: str  # where the lines came from, or why none could be read
+
+    @property
+    def readable(self) -> bool:
+        return self.lines is not None
+
+
+def boot_time() -> float:
+    """The wall clock at boot (the kernel's ``btime``), 0.0 if unknown."""
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
+
+
+def parse(text: str, boot: float | None = None) -> tuple[KernelLine, ...]:
+    """The lines of ``text`` (dmesg's, journalctl's or /dev/kmsg's format), each with its wall-clock time if given."""
+    boot = boot_time() if boot is None else boot
+    out = []
+    for raw in text.splitlines():
+        if not raw.strip() or raw.startswith(" ") and "=" in raw and not _SINCE_BOOT.match(raw):
+            continue  # /dev/kmsg's continuation lines (" SUBSYSTEM=...")
+        when, line = None, raw
+        m = _SINCE_BOOT.match(raw)
+        if m:
+            when = boot + float(m[1]) if boot else None  # without the boot time, no wall clock
+        elif _KMSG.match(raw):
+            m = _KMSG.match(raw)
+            when, line = (boot + int(m[1]) / 1e6 if boot else None), raw[m.end() :]
+        elif _UNIX.match(raw):
+            m = _UNIX.match(raw)
+            when, line = float(m[1]), raw[m.end() :]
+        out.append(KernelLine(when, line.rstrip()))
+    return tuple(out)
+
+
+def _kmsg(limit: float) -> str | None:
+    """Every record /dev/kmsg still holds, read without blocking; None when it cannot be read."""
+    try:
+        fd = os.open(KMSG, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    records, deadline = [], time.monotonic() + limit
+    try:
+        while len(records) < MAX_RECORDS and time.monotonic() < deadline:
+            try:
+                chunk = os.read(fd, 8192)
+            except BlockingIOError:
+                break  # all read
+            except BrokenPipeError:
+                continue  # a record was overwritten while we read: go on with the next
+            except OSError:
+                return None  # EPERM (dmesg_restrict) or EINVAL: another source
+            if not chunk:
+                break
+            records.append(chunk.decode("utf-8", "replace").rstrip("\n"))
+    finally:
+        os.close(fd)
+    return "\n".join(records) if records else None
+
+
+def read(path: str | os.PathLike | None = None, timeout: float = 10.0) -> KernelLog:
+    """The kernel log from ``path`` if given, else the first of /dev/kmsg, dmesg, journalctl that answers."""
+    if path is not None:
+        try:
+            return KernelLog(parse(Path(path).read_text(errors="replace")), str(path))
+        except OSError as e:
+            return KernelLog(None, f"{path}: {e.strerror or e}")
+    text = _kmsg(timeout)
+    if text is not None:
+        return KernelLog(parse(text), KMSG)
+    reasons = [f"{KMSG}: not readable"]
+    for cmd in COMMANDS:
+        try:
+            outcome = run_bounded(cmd, timeout)
+        except OSError as e:
+            reasons.append(f"{cmd[0]}: {e.strerror}")
+            continue
+        text = outcome.stdout
+        if outcome.returncode == 0 and text.strip() and "No entries" not in text[:200]:
+            return KernelLog(parse(text), " ".join(cmd[:2]))
+        reasons.append(
+            f"{cmd[0]}: " + ((outcome.tail(1) or ["no output"])[0] if not outcome.timed_out else "timed out")
+        )
+    return KernelLog(None, "; ".join(reasons))
+
+
+def within(lines, start: float, end: float) -> list[KernelLine]:
+    """The lines written between ``start`` and ``end`` (wall clock); a line without a time is left out."""
+    return [line for line in lines if line.time is not None and start <= line.time <= end]
+
+
+def kinds(text: str) -> list[str]:
+    """The names of :data:`PATTERNS` (and :data:`OOM`) one line matches."""
+    found = [name for name, rx in PATTERNS if rx.search(text)] if AMD_LINE.search(text) else []
+    if _OOM_LINE.search(text):
+        found.append(OOM)
+    return found
+
+
+def scan(lines) -> tuple[dict[str, int], list[str]]:
+    """How often each kind of line occurs, and the lines that matter (``lines``: KernelLine or text)."""
+    counts: dict[str, int] = {}
+    matched = []
+    for line in lines:
+        text = line.text if isinstance(line, KernelLine) else line
+        hit = kinds(text)
+        for name in hit:
+            counts[name] = counts.get(name, 0) + 1
+        if hit:
+            matched.append(text.strip())
+    return counts, matched
+
+
+def victims(lines) -> list[tuple[int, str]]:
+    """(pid, name) of each process the OOM killer killed, in the order of the log."""
+    out = []
+    for line in lines:
+        text = line.text if isinstance(line, KernelLine) else line
+        m = _VICTIM.search(text)
+        if m:
+            pid, name = (m[1], m[2]) if m[1] else (m[4], m[3])
+            if (int(pid), name) not in out:
+                out.append((int(pid), name))
+    return out

@@ -1,0 +1,118 @@
+"""A child's standard error, copied to the terminal as it comes and kept: in a bounded file, and its tail in memory.
+
+The watchdog reads what a training child wrote to stderr when it fails: the GPU runtime writes its last words there
+from C (the HSA runtime's ``Memory access fault by GPU node-1 ... Reason: ...`` right before ``abort()``), and no
+Python code of the child can catch them. So the child's stderr is a pipe whose other end this process holds: a
+daemon thread copies every chunk to the terminal at once, appends it to a file (kept under ``cap`` bytes: its
+newest half survives) and keeps the newest ``tail`` bytes in memory. Whatever the child wrote before it died is
+still in the pipe: :meth:`Tee.drain` waits (bounded) until it has been copied, so the lines keep their order with
+this process's own. The thread ends when every writer of the pipe is gone.
+
+The thread holds no lock but its own while this process starts other processes: their
+``preexec_fn`` (:func:`rocm_yolo.process.lifecycle.pdeathsig_kill`, one ``prctl`` through a
+library loaded before) needs none, and glibc's ``fork`` resets its allocator's locks in the child.
+"""
+
+from __future__ import annotations
+
+import array
+import fcntl
+import os
+import termios
+import threading
+import time
+from pathlib import Path
+
+CAP = 1 << 20  # the file: at most 1 MiB (its newest half survives a trim)
+TAIL = 64 << 10  # in memory: the newest 64 KiB
+
+
+class Tee:
+    def __init__(self, fd: int, out_fd: int | None = 2, path: Path | None = None, cap: int = CAP, tail: int = TAIL):
+        self.fd = fd
+        self.out_fd = out_fd
+        self.path = path
+        self.cap = cap
+        self.keep = tail
+        self._tail = bytearray()
+        self._lock = threading.Lock()
+        self._size = 0
+        self._read = self._kept = 0  # bytes read from the pipe, and of them kept (drain waits for both)
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rocm-yolo-stderr", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                try:
+                    data = os.read(self.fd, 65536)
+                except InterruptedError:
+                    continue
+                except OSError:
+                    break
+                if not data:
+                    break
+                self._read += len(data)
+                self._show(data)  # outside the lock: a paused terminal (Ctrl-S) must not block the supervisor
+                with self._lock:
+                    self._keep(data)
+        finally:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.done.set()
+
+    def _show(self, data: bytes) -> None:
+        if self.out_fd is not None:
+            view = memoryview(data)
+            try:
+                while view:
+                    view = view[os.write(self.out_fd, view) :]
+            except OSError:  # the terminal went away: keep draining the pipe, or the child would block on it
+                self.out_fd = None
+
+    def _keep(self, data: bytes) -> None:
+        self._kept += len(data)
+        self._tail += data
+        del self._tail[: max(0, len(self._tail) - self.keep)]
+        if self.path is not None:
+            self._append(data)
+
+    def _append(self, data: bytes) -> None:
+        try:
+            if self._size + len(data) > self.cap:
+                old = self.path.read_bytes() if self.path.exists() else b""
+                kept = (old + data)[-(self.cap // 2) :]
+                self.path.write_bytes(b"[... earlier output dropped ...]\n" + kept[kept.find(b"\n") + 1 :])
+                self._size = self.path.stat().st_size
+                return
+            with open(self.path, "ab") as f:
+                f.write(data)
+            self._size += len(data)
+        except OSError:
+            self.path = None  # a full or read-only disk: the terminal and the tail still get it
+
+    def pending(self) -> int:
+        """Bytes written into the pipe and not yet copied (0 once the pipe is closed)."""
+        if self.done.is_set():
+            return 0
+        buf = array.array("i", [0])
+        try:
+            fcntl.ioctl(self.fd, termios.FIONREAD, buf)
+        except OSError:
+            return 0
+        return buf[0]
+
+    def drain(self, timeout: float = 2.0) -> None:
+        """Wait until what the child wrote so far has been copied (at most ``timeout`` seconds)."""
+        deadline = time.monotonic() + timeout
+        settled = 0
+        while settled < 2 and time.monotonic() < deadline:  # twice in a row: a chunk just read is counted
+            settled = settled + 1 if not self.pending() and self._kept == self._read else 0
+            time.sleep(0.01)
+
+    def tail(self) -> str:
+        with self._lock:
+            return self._tail.decode("utf-8", "replace")

@@ -1,0 +1,228 @@
+"""What the supervisor reads about a failure and the machine it ran on: the mechanism behind :mod:`.diagnosis`.
+
+:func:`gather` collects one failure's :class:`~rocm_yolo.supervisor.diagnosis.Evidence`: the child's exit status,
+the tail of its stderr, the traceback(s) it wrote (``RUN/crash-K.txt``, a rank's ``crash-K-rankN.txt``), the
+stacks of a hang (``RUN/hang-K-stacks.txt``), the kernel log's amdgpu and OOM-killer lines of the attempt's time
+window (:mod:`rocm_yolo.gpu.kernel_log`; a file instead of the system's log when the config names one: tests),
+and the run's pids (the processes of its tree, its DataLoader workers, every process that registered a stack
+file). :func:`write_report` adds the diagnosis and its evidence to the failure's report file, and :class:`Machine`
+holds what the remedies need to know of the machine: its GPUs, their VRAM use before the run, the kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rocm_yolo.gpu import kernel_log, release
+from rocm_yolo.gpu.arch import GpuNode, architectures, detect_gpus
+from rocm_yolo.run.devices import world_size
+from rocm_yolo.run.heartbeat import Heartbeat
+from rocm_yolo.run.paths import RunPaths
+from rocm_yolo.run.spec import RunSpec
+from rocm_yolo.run.supervisor_state import Failure
+from rocm_yolo.supervisor.diagnosis import Diagnosis, Evidence, root_cause
+from rocm_yolo.supervisor.remedies import Context
+from rocm_yolo.ultralytics_rules import config as ucfg
+
+MARGIN = 5.0  # seconds around an attempt's window: the clocks of the kernel's log and ours differ a little
+KERNEL_LINES = 50  # at most this many of the window's lines go into the evidence
+REPORT_STDERR_LINES = 40
+KERNEL_LOG_TIMEOUT = 5.0  # per source (dmesg, journalctl): the restart waits for it
+
+
+@dataclass
+class Machine:
+    """The machine as the supervisor found it before the first attempt."""
+
+    gpus: list[GpuNode] = field(default_factory=list)
+    vram_before: dict[int, int] = field(default_factory=dict)  # node -> bytes used before the run
+    kernel_release: str = ""
+
+    @classmethod
+    def read(cls) -> "Machine":
+        gpus = detect_gpus()
+        used = {node: u for node, (u, _) in release.vram(gpus).items()}
+        return cls(gpus, used, os.uname().release)
+
+    @property
+    def archs(self) -> tuple[str, ...]:
+        return tuple(architectures(self.gpus))
+
+
+def _read(path: Path, limit: int = 200_000) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def tracebacks(paths: RunPaths, attempt: int, first_rank: int | None = None) -> str:
+    """The traceback(s) attempt ``attempt`` wrote: the run's ``crash-K.txt`` and each rank's ``crash-K-rankN.txt``;
+    the one of ``first_rank`` (the rank that failed first) last, where the diagnosis reads the final error."""
+    found = [paths.crash(attempt)] + sorted(paths.run_dir.glob(f"crash-{attempt}-rank*.txt"))
+    if first_rank is not None:
+        first = paths.crash(attempt, first_rank)
+        found = [p for p in found if p != first] + [first]
+    return "\n".join(_read(p) for p in found if p.is_file())
+
+
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d{3} ")  # logging's asctime in torchrun.log
+
+
+def launcher_report(path: Path, since: float) -> str:
+    """What torch's launcher logged (``RUN/rocm_yolo/torchrun.log``) from ``since`` on (wall clock)."""
+    keep, out = False, []
+    for line in _read(path, 2_000_000).splitlines():
+        m = _STAMP.match(line)
+        if m:
+            try:
+                keep = time.mktime(time.strptime(m[1], "%Y-%m-%d %H:%M:%S")) >= since - 1
+            except (ValueError, OverflowError):
+                keep = False
+        if keep:
+            out.append(line)
+    return "\n".join(out)
+
+
+def run_pids(paths: RunPaths) -> set[int]:
+    """Every pid the run recorded: its trainers' and workers' stack files, its DataLoader workers."""
+    pids = set()
+    try:
+        for p in paths.stacks.glob("*.txt"):
+            m = re.search(r"-(\d+)$", p.stem)
+            if m:
+                pids.add(int(m[1]))
+    except OSError:
+        pass
+    for line in _read(paths.workers).splitlines():
+        try:
+            pids.add(int(json.loads(line)["pid"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return pids
+
+
+def kernel_lines(path: str | None, start: float, end: float) -> tuple[tuple[str, ...], str]:
+    """The kernel log's lines that matter between ``start`` and ``end`` (wall clock), and where they came from."""
+    log = kernel_log.read(path, timeout=KERNEL_LOG_TIMEOUT)
+    if not log.readable:
+        return (), f"kernel log not readable ({log.source})"
+    window = kernel_log.within(log.lines, start - MARGIN, end + MARGIN)
+    lines = [line.text.strip() for line in window if kernel_log.kinds(line.text)]
+    return tuple(lines[-KERNEL_LINES:]), log.source
+
+
+def gather(
+    spec: RunSpec,
+    failure: str,
+    *,
+    exit_code: int | None,
+    stderr: str,
+    stacks: Path | None,
+    kernel_path: str | None,
+    window: tuple[float, float],
+    pids: set[int],
+    gpus: list[GpuNode],
+) -> Evidence:
+    """One failure's evidence (``failure``: "hang" or "crash")."""
+    kernel, source = kernel_lines(kernel_path, *window)
+    device = str(spec.train_args.get("device", "") or "").strip().lower()
+    multi = world_size(spec.train_args) > 1
+    launcher = launcher_report(spec.paths.torchrun_log, window[0]) if multi and failure == "crash" else ""
+    first = root_cause(launcher)
+    return Evidence(
+        failure=failure,
+        exit_code=exit_code,
+        stderr=stderr,
+        traceback=tracebacks(spec.paths, spec.attempt, first[0] if first else None) if failure == "crash" else "",
+        stacks=_read(stacks) if stacks is not None else "",
+        kernel=kernel,
+        kernel_source=source,
+        pids=frozenset(pids | run_pids(spec.paths)),
+        multi_gpu=multi,
+        on_gpu=bool(gpus) and device not in ("cpu", "mps"),
+        launcher=launcher,
+    )
+
+
+def where(hb: Heartbeat | None) -> str:
+    """``epoch 2/3, batch 3/16`` (``validation batch``): where the run was last heard."""
+    if hb is None or hb.epoch <= 0:
+        return "start-up"
+    what = "batch" if hb.phase == "train" else ("validation batch" if hb.phase == "val" else f"{hb.phase} batch")
+    return f"epoch {hb.epoch}/{hb.epochs}, {what} {hb.batch}/{hb.batches}"
+
+
+def failure(
+    attempt: int, kind: str, diagnosis: Diagnosis, hb: Heartbeat | None, detected: float | None, report: Path | None
+) -> Failure:
+    """The record of one diagnosed failure, where the run was last heard (``hb``)."""
+    return Failure(
+        attempt=attempt,
+        kind=kind,
+        cls=diagnosis.cls,
+        title=diagnosis.title,
+        signature=diagnosis.signature,
+        epoch=hb.epoch if hb else None,
+        batch=hb.batch if hb else None,
+        phase=hb.phase if hb else None,
+        detected=detected or time.time(),
+        report=str(report) if report else None,
+        evidence=list(diagnosis.evidence),
+    )
+
+
+def write_report(path: Path, diagnosis: Diagnosis, evidence: Evidence, where: str) -> Path | None:
+    """Add the diagnosis, its evidence, the kernel's lines and the stderr's tail to the failure's report file."""
+    stderr = [x for x in evidence.stderr.splitlines() if x.strip()][-REPORT_STDERR_LINES:]
+    parts = [
+        "",
+        f"--- rocm-yolo diagnosis: {diagnosis.title} at {where}",
+        f"class: {diagnosis.cls}",
+        f"signature: {diagnosis.signature}",
+        "evidence:",
+        *(f"  {line}" for line in diagnosis.evidence or ("(none)",)),
+        f"kernel log of the attempt ({evidence.kernel_source}):",
+        *(f"  {line}" for line in evidence.kernel or ("(no amdgpu or OOM-killer line)",)),
+        f"the training process's stderr, last {len(stderr)} lines:",
+        *(f"  {line}" for line in stderr),
+    ]
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("\n".join(parts) + "\n")
+        return path
+    except OSError:
+        return None
+
+
+def context(spec: RunSpec, machine: Machine, diagnosis: Diagnosis, evidence: Evidence) -> Context:
+    """The facts :func:`rocm_yolo.supervisor.remedies.decide` needs for this failure."""
+    args = spec.train_args
+    user = {k: (spec.conv if k == "conv" else args.get(k)) for k in spec.user_keys if k in ("amp", "conv")}
+    free = release.vram_free(machine.gpus) if diagnosis.cls == "gpu-oom" else None
+    return Context(
+        archs=machine.archs,
+        env={**os.environ, **spec.env},
+        kernel_release=machine.kernel_release,
+        user_args=user,
+        multi_gpu=evidence.multi_gpu,
+        gpus=world_size(args),
+        batch=args["batch"] if "batch" in args else _default("batch"),
+        imgsz=args["imgsz"] if "imgsz" in args else _default("imgsz"),
+        vram_free=free,
+        kernel_kinds=frozenset(k for line in evidence.kernel for k in kernel_log.kinds(line)),
+    )
+
+
+def _default(key: str) -> object:
+    """Ultralytics' default for ``key`` (None if its configuration cannot be read)."""
+    try:
+        return ucfg.default(key)
+    except Exception:
+        return None

@@ -1,0 +1,199 @@
+"""What the watchdog does about a failure, by its class: the remedy, and when to stop instead (with a verdict).
+
+Policy, and pure: :func:`decide` reads the failure just diagnosed, the failures before it in this run, and a
+:class:`Context` of facts (the GPUs, the batch, the free VRAM), and returns a :class:`Decision`:
+
+==================  ==========================================================  ===================================
+class               remedy                                                      stops with
+==================  ==========================================================  ===================================
+loader, unknown     the next profile of the ladder (``--fallback``)             1 when the restarts run out
+host-oom            the next profile of the ladder (``safe``: fewer workers)    4 the same twice at the same place
+gpu-fault, gpu-hang the same profile, once the GPU is released, once            4 on the second, with known fixes
+collective          the same profile with ``NCCL_P2P_DISABLE=1``, once          4 on the second, with known fixes
+gpu-oom             none: the same batch would fail again                       4 at once, with a smaller batch
+training-error,     the same profile (the loader is not the cause)              5 the same twice at the same place
+data-error
+==================  ==========================================================  ===================================
+
+Whatever the class, the same failure (class and signature) twice at the same place (epoch, phase, batch) in two
+attempts in a row, after a remedy for it, stops the run: exit 4 for a cause in the environment (the GPU, its
+memory, the host's memory, the links between the GPUs), else 5 (:data:`rocm_yolo.errors.SAME_FAILURE`), so that a
+scheduler does not requeue it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from rocm_yolo import errors
+from rocm_yolo.gpu import known_fixes
+from rocm_yolo.run.supervisor_state import Failure
+from rocm_yolo.supervisor.diagnosis import (
+    COLLECTIVE,
+    DATA_ERROR,
+    GPU_CLASSES,
+    GPU_FAULT,
+    GPU_HANG,
+    GPU_OOM,
+    HOST_OOM,
+    LOADER,
+    TRAINING_ERROR,
+    UNKNOWN,
+    Diagnosis,
+)
+
+LADDER, SAME, P2P_OFF, STOP = "ladder", "same", "p2p-off", "stop"
+REMEDY = {
+    LOADER: LADDER,
+    UNKNOWN: LADDER,
+    HOST_OOM: LADDER,
+    GPU_FAULT: SAME,
+    GPU_HANG: SAME,
+    COLLECTIVE: P2P_OFF,
+    GPU_OOM: STOP,
+    TRAINING_ERROR: SAME,
+    DATA_ERROR: SAME,
+}
+ENVIRONMENT = (GPU_FAULT, GPU_HANG, GPU_OOM, HOST_OOM, COLLECTIVE)  # a stop for these is the environment's: exit 4
+P2P_VARIABLE = "NCCL_P2P_DISABLE"
+SAFETY = 0.8  # of the memory a smaller batch may plan to use
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the decision needs to know besides the failures."""
+
+    archs: tuple[str, ...] = ()  # the GPUs' architectures (KFD topology)
+    env: Mapping[str, str] = field(default_factory=dict)  # the run's environment (HSA_OVERRIDE_GFX_VERSION, ...)
+    kernel_release: str = ""
+    user_args: Mapping[str, object] = field(default_factory=dict)  # train arguments the user set (amp, conv)
+    multi_gpu: bool = False
+    gpus: int = 1  # GPUs the batch is split over
+    batch: object = None  # the batch asked for (Ultralytics' default when the user gave none)
+    imgsz: object = None
+    vram_free: int | None = None  # bytes free on the card once the run released it (sysfs)
+    kernel_kinds: frozenset = frozenset()  # what the kernel log said in the failure's window
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # LADDER, SAME, P2P_OFF or STOP
+    exit_code: int | None = None  # STOP: how the run ends
+    reason: str = ""  # the line that says why
+    verdict: tuple[str, ...] = ()  # the known fixes, with their sources
+    env: Mapping[str, str] = field(default_factory=dict)  # variables the next attempt gets
+
+    @property
+    def stops(self) -> bool:
+        return self.action == STOP
+
+
+def place(failure: Failure) -> str:
+    """``epoch 2, batch 3`` (``validation batch 3``, ``start-up``): where a failure happened."""
+    if failure.epoch is None:
+        return "start-up"
+    what = (
+        "batch"
+        if failure.phase in (None, "train")
+        else f"{'validation' if failure.phase == 'val' else failure.phase} batch"
+    )
+    return f"epoch {failure.epoch}, {what} {failure.batch}"
+
+
+def _same(a: Failure, b: Failure) -> bool:
+    return (
+        a.attempt == b.attempt - 1
+        and a.remedy not in (None, STOP)
+        and (a.cls, a.signature) == (b.cls, b.signature)
+        and b.epoch is not None
+        and (a.epoch, a.phase, a.batch) == (b.epoch, b.phase, b.batch)
+    )
+
+
+def decide(failure: Failure, diagnosis: Diagnosis, previous: list[Failure], context: Context) -> Decision:
+    """The remedy for ``failure`` (diagnosed as ``diagnosis``), given the ``previous`` failures of this run."""
+    cls = failure.cls
+    env_code = errors.SETUP if cls in ENVIRONMENT else errors.SAME_FAILURE
+    if previous and _same(previous[-1], failure):
+        return Decision(
+            STOP, env_code, f"the same failure twice at {place(failure)}: not retrying", verdict(diagnosis, context)
+        )
+    if cls == GPU_OOM:
+        return Decision(STOP, errors.SETUP, oom_advice(diagnosis, context), verdict(diagnosis, context))
+    if cls in GPU_CLASSES and any(p.cls in GPU_CLASSES for p in previous):
+        return Decision(
+            STOP,
+            errors.SETUP,
+            f"{diagnosis.title} at {place(failure)}, the second GPU failure of this run: not retrying",
+            verdict(diagnosis, context),
+        )
+    if cls == COLLECTIVE:
+        if any(p.cls == COLLECTIVE for p in previous):
+            return Decision(
+                STOP,
+                errors.SETUP,
+                f"a collective hung again at {place(failure)}, with {P2P_VARIABLE}=1: not retrying",
+                verdict(diagnosis, context),
+            )
+        return Decision(
+            P2P_OFF,
+            env={P2P_VARIABLE: "1"},
+            reason=f"with {P2P_VARIABLE}=1 (RCCL's peer-to-peer off: {known_fixes.P2P_OFF.source})",
+        )
+    return Decision(REMEDY.get(cls, LADDER))
+
+
+def verdict(diagnosis: Diagnosis, context: Context) -> tuple[str, ...]:
+    """The known fixes for ``diagnosis`` on this machine, one line each with its public source."""
+    if diagnosis.cls in GPU_CLASSES:
+        fixes = known_fixes.gpu_failure_fixes(
+            list(context.archs),
+            context.env,
+            kernel_kinds=set(context.kernel_kinds),
+            kernel_release=context.kernel_release,
+            user_args=context.user_args,
+            page_not_present=diagnosis.detail.get("reason") == "page not present",
+            multi_gpu=context.multi_gpu,
+        )
+        cards = f" on {', '.join(context.archs)}" if context.archs else ""
+        return (f"known fixes for a {diagnosis.cls}{cards}:", *(f"  - {f.line()}" for f in fixes)) if fixes else ()
+    if diagnosis.cls == COLLECTIVE:
+        p2p = context.env.get(P2P_VARIABLE) == "1"
+        return ("known fixes for collectives that hang between consumer cards:",) + tuple(
+            f"  - {f.line()}" for f in known_fixes.collective_fixes(p2p_off=p2p)
+        )
+    if diagnosis.cls == HOST_OOM:
+        return ("fewer workers (--workers N, or --profile safe), cache=False, or a smaller --batch",)
+    return ()
+
+
+def smaller_batch(batch: int, gpus: int, sizes: Mapping[str, int], vram_free: int | None) -> int | None:
+    """A batch that the free VRAM suggests (a power of two per GPU, below ``batch``); None when even 1 per GPU fails.
+
+    The memory one GPU needed at ``batch``: what PyTorch held plus what it tried to allocate (torch's message).
+    The memory it may use: the card's free VRAM once the run let it go (sysfs), or else what was free plus what
+    PyTorch held. The model's own memory does not shrink with the batch, so the estimate errs small.
+    """
+    per_gpu = max(batch // max(gpus, 1), 1)
+    if per_gpu <= 1:
+        return None
+    need = sizes.get("allocated", 0) + sizes.get("reserved", 0) + sizes.get("tried", 0)
+    usable = vram_free if vram_free else sizes.get("free", 0) + sizes.get("allocated", 0) + sizes.get("reserved", 0)
+    fits = int(per_gpu * SAFETY * usable / need) if need > 0 and usable > 0 else per_gpu // 2
+    fits = max(1, min(fits, per_gpu - 1))
+    power = 1 << (fits.bit_length() - 1)  # round down to a power of two
+    return power * max(gpus, 1)
+
+
+def oom_advice(diagnosis: Diagnosis, context: Context) -> str:
+    """GPU out of memory: the batch and image size that failed, and a smaller batch to try."""
+    batch, imgsz = context.batch, context.imgsz
+    said = f"GPU out of memory at batch {batch}, imgsz {imgsz}: not retrying the same batch"
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        return said + "; give a fixed, smaller --batch"
+    smaller = smaller_batch(batch, context.gpus, diagnosis.detail, context.vram_free)
+    if smaller is None:
+        return said + "; one image per GPU does not fit: a smaller --imgsz or a smaller --model"
+    auto = "" if context.gpus > 1 else " (or batch=-1: Ultralytics picks one from the free memory)"
+    return said + f"; try --batch {smaller}{auto}"

@@ -1,0 +1,168 @@
+"""Telling the user: each event of a run on the terminal, in ``events.jsonl``, to a notify command, and as metrics.
+
+The events of a run are ``started``, ``hang``, ``crash``, ``restart``, ``finished``, ``failed`` and ``stopped``
+(:data:`EVENTS`). Each is one object with ``event``, ``run`` (the run directory, absolute), ``attempt``,
+``profile`` and ``time``, and where known ``epoch``, ``batch``, ``class`` (:mod:`.diagnosis`), ``message`` and
+``exit_code``. :class:`Reporter` writes it as a JSON line into ``RUN/rocm_yolo/events.jsonl`` (with the run log's
+other events), and, when the user gave ``--notify CMD`` (or ``ROCM_YOLO_NOTIFY``), runs CMD through the shell with
+the object on its standard input, one event after another in order: detached and bounded
+(:class:`rocm_yolo.process.background.BackgroundCommands`),
+so a command that fails, hangs or does not exist never delays or breaks the run, and is said once in the log.
+The last event gets a few seconds to be delivered; then every command still running is killed.
+
+It also keeps ``RUN/rocm_yolo/metrics.prom``, a Prometheus textfile (node_exporter's textfile collector reads it),
+written atomically: the epoch and batch, it/s, the heartbeat's age, restarts by class, the state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from pathlib import Path
+
+from rocm_yolo.process.background import BackgroundCommands
+from rocm_yolo.run.atomic import write_atomic
+from rocm_yolo.run.events import RunLog
+from rocm_yolo.run.heartbeat import Heartbeat
+from rocm_yolo.run.paths import RunPaths
+from rocm_yolo.supervisor.config import WatchdogConfig
+
+EVENTS = ("started", "hang", "crash", "restart", "finished", "failed", "stopped")
+STATES = ("running", "finished", "failed", "stopped")  # the run's state in metrics.prom
+METRICS_EVERY = 5.0  # seconds between two writes of metrics.prom while nothing happens
+
+
+class Reporter:
+    def __init__(self, run_dir: str, config: WatchdogConfig, log: RunLog, clock=time.monotonic):
+        self.run = str(Path(run_dir).resolve())
+        self.paths = RunPaths(run_dir)
+        self.config = config
+        self.log = log
+        self.clock = clock
+        self.command = config.notify or None
+        self.commands = BackgroundCommands(config.notify_timeout, self._notify_failed) if self.command else None
+        self.restarts: Counter = Counter()  # by class
+        self.state = "running"
+        self.attempt = 1
+        self.hb: Heartbeat | None = None
+        self._written = -math.inf
+        self._metrics_error = False
+
+    # events ---------------------------------------------------------------------------------
+    def event(self, kind: str, message: str | None, *, attempt: int, profile: str, say: bool = True, **known) -> dict:
+        """Record event ``kind`` (one of :data:`EVENTS`); ``message`` also goes to the terminal when ``say``.
+
+        ``known`` may hold ``epoch``, ``batch``, ``cls``, ``exit_code``, ``time`` (the wall clock it happened at) and
+        any other field for ``events.jsonl`` only.
+        """
+        payload = {"event": kind, "run": self.run, "attempt": attempt, "profile": profile}
+        payload["time"] = known.pop("time", None) or time.time()
+        for key in ("epoch", "batch"):
+            if known.get(key) is not None:
+                payload[key] = known.pop(key)
+        cls, code = known.pop("cls", None), known.pop("exit_code", None)
+        if cls is not None:
+            payload["class"] = cls
+        if message:
+            payload["message"] = message
+        if code is not None:
+            payload["exit_code"] = code
+        self.attempt = attempt
+        if kind == "restart" and cls:
+            self.restarts[cls] += 1
+        if kind in ("finished", "failed", "stopped"):
+            self.state = kind
+        if message and say:
+            self.log.info(message)
+        self.log.event(kind, None, **{k: v for k, v in payload.items() if k != "event"}, **known)
+        if self.commands is not None:
+            self.commands.start(self.command, (json.dumps(payload, default=str) + "\n").encode())
+        self.metrics(force=True)
+        return payload
+
+    def _notify_failed(self, why: str) -> None:
+        self.log.event(
+            "notify_error",
+            f"the notify command failed ({why}); it never holds training up, and later failures of it are not said",
+            error=why,
+        )
+
+    def tick(self, hb: Heartbeat | None) -> None:
+        """Each tick of the supervisor's loop: reap the notify commands, refresh the metrics now and then."""
+        if hb is not None:
+            self.hb = hb
+        if self.commands is not None:
+            self.commands.poll()
+        self.metrics()
+
+    def close(self) -> None:
+        """The run is over: the metrics say so, and the last event gets ``notify_grace`` seconds to be delivered."""
+        self.metrics(force=True)
+        if self.commands is not None:
+            self.commands.close(self.config.notify_grace)
+
+    # metrics.prom -----------------------------------------------------------------------------
+    def metrics(self, force: bool = False) -> None:
+        now = self.clock()
+        if not force and now - self._written < METRICS_EVERY:
+            return
+        self._written = now
+        try:
+            write_atomic(self.paths.metrics, render(self.run, self.hb, self.state, self.restarts, self.attempt))
+        except OSError as e:
+            if not self._metrics_error:  # bookkeeping never stops a run; say it once
+                self._metrics_error = True
+                self.log.info(f"cannot write {self.paths.metrics} ({e.strerror or e})")
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render(
+    run: str, hb: Heartbeat | None, state: str, restarts: Counter, attempt: int, now: float | None = None
+) -> str:
+    """The Prometheus text exposition of a run (every sample labelled with its run directory)."""
+    now = time.time() if now is None else now
+    run_label = f'run="{_label(run)}"'
+    out: list[str] = []
+
+    def metric(name: str, kind: str, help: str, samples: list[tuple[str, float]]) -> None:
+        out.append(f"# HELP rocm_yolo_{name} {help}")
+        out.append(f"# TYPE rocm_yolo_{name} {kind}")
+        for labels, value in samples:
+            out.append(f"rocm_yolo_{name}{{{run_label}{labels}}} {value:g}")
+
+    metric(
+        "up", "gauge", "1 while the run's supervisor runs, 0 once the run has ended.", [("", float(state == "running"))]
+    )
+    metric(
+        "state",
+        "gauge",
+        "The run's state (one sample per state, 1 for the current one).",
+        [(f',state="{s}"', float(s == state)) for s in STATES],
+    )
+    metric("attempt", "gauge", "The attempt (1 + restarts, counted across resumes).", [("", attempt)])
+    metric(
+        "restarts_total",
+        "counter",
+        "Restarts by the class of the failure they recovered from.",
+        [(f',class="{_label(c)}"', n) for c, n in sorted(restarts.items())] or [("", 0)],
+    )
+    if hb is not None:
+        metric("epoch", "gauge", "The epoch being trained (1-based).", [("", hb.epoch)])
+        metric("epochs", "gauge", "The epochs the run trains.", [("", hb.epochs)])
+        metric("batch", "gauge", "Batches done in the current pass (train or validation).", [("", hb.batch)])
+        metric("batches", "gauge", "Batches in the current pass.", [("", hb.batches)])
+        metric("iterations_per_second", "gauge", "Recent training speed.", [("", round(hb.it_s, 4))])
+        metric("heartbeat_timestamp_seconds", "gauge", "Wall clock of the last heartbeat.", [("", round(hb.time, 3))])
+        metric(
+            "heartbeat_age_seconds",
+            "gauge",
+            "Seconds since the last heartbeat, as of this file's write.",
+            [("", round(max(now - hb.time, 0.0), 1))],
+        )
+    metric("metrics_timestamp_seconds", "gauge", "Wall clock of this file's write.", [("", round(now, 3))])
+    return "\n".join(out) + "\n"

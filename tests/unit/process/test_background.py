@@ -1,0 +1,77 @@
+"""Notify commands in the background (bounded, their failures said once, none left) and a child's stderr kept."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+from rocm_yolo.process.background import BackgroundCommands
+from rocm_yolo.process.lifecycle import alive
+from rocm_yolo.process.tee import Tee
+
+
+def test_commands_get_their_input_and_a_failure_is_said_once(tmp_path):
+    said = []
+    commands = BackgroundCommands(timeout=30, on_failure=said.append)
+    out = tmp_path / "got"
+    commands.start(f"cat >> {out}", b'{"event": "started"}\n')
+    commands.start("echo nope >&2; exit 3", b"{}\n")
+    commands.start("no-such-command-here", b"{}\n")
+    commands.close(grace=10)
+    assert out.read_text() == '{"event": "started"}\n'
+    assert said == ["exit 3: nope"] and commands.failures == 2 and commands.running == []
+
+
+def test_a_command_that_never_returns_is_killed_with_what_it_started(tmp_path):
+    said = []
+    commands = BackgroundCommands(timeout=0.5, on_failure=said.append)
+    marker = tmp_path / "pid"
+    commands.start(f"sleep 300 & echo $! > {marker}; wait", b"{}\n")
+    deadline = time.monotonic() + 10
+    while not marker.exists() or not marker.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    sleeper = int(marker.read_text())
+    time.sleep(0.6)
+    commands.poll()  # past its timeout: killed, its sleep too
+    assert commands.running == [] and said == ["no answer within 0.5 s: killed"]
+    assert not alive(sleeper)
+    slow = BackgroundCommands(timeout=60, on_failure=said.append)
+    slow.start("exec sleep 300", b"{}\n")
+    pid = slow.running[0].proc.pid
+    slow.close(grace=0.2)  # the run ended: it had its few seconds
+    assert not psutil.pid_exists(pid) or not alive(pid)
+
+
+def test_the_childs_stderr_is_copied_as_it_comes_kept_in_a_bounded_file_and_its_tail_in_memory(tmp_path):
+    read_end, write_end = os.pipe()
+    out_r, out_w = os.pipe()
+    kept = tmp_path / "child.stderr"
+    tee = Tee(read_end, out_w, kept, cap=4096, tail=100)
+    code = "import os, sys; [os.write(2, b'x' * 99 + b'\\n') for _ in range(60)]; os.write(2, b'last words\\n')"
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=write_end)
+    os.close(write_end)
+    proc.wait(timeout=60)
+    tee.drain()
+    assert tee.tail().endswith("last words\n") and len(tee.tail()) <= 100
+    tee.done.wait(10)
+    os.close(out_w)
+    with os.fdopen(out_r, "rb") as f:
+        copied = f.read()
+    assert copied.count(b"\n") == 61 and copied.endswith(b"last words\n")  # the terminal got all of it
+    text = kept.read_text()
+    assert len(text) <= 4096 and text.startswith("[... earlier output dropped ...]") and text.endswith("last words\n")
+
+
+def test_commands_run_one_after_another_so_what_they_deliver_arrives_in_order(tmp_path):
+    out = tmp_path / "got"
+    commands = BackgroundCommands(timeout=30, on_failure=print)
+    commands.start(f"sleep 0.3; cat >> {out}", b"first\n")  # slower than the next: it still comes first
+    commands.start(f"cat >> {out}", b"second\n")
+    assert len(commands.running) == 1 and len(commands.waiting) == 1  # the second waits: start never blocks
+    commands.close(grace=10)
+    assert out.read_text() == "first\nsecond\n"
