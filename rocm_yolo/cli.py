@@ -87,7 +87,7 @@ def cmd_train(args, extra: list[str]) -> int:
     result = launch.run(spec, config, user_resume=request.resuming)
     _say_how_it_ended(result, started, trained_before)
     if request.data == "demo" and result.exit_code == errors.OK:
-        print(DEMO_NEXT, file=sys.stderr)
+        _say(DEMO_NEXT)
     return result.exit_code
 
 
@@ -117,14 +117,24 @@ def _say_how_it_ended(result, started: float, trained_before: int = 0) -> None:
             if result.restarts
             else ""
         )
-        print(
+        _say(
             f"rocm-yolo: done: {trained} in {time.time() - started:.1f} s{extra}; "
-            f"weights: {paths.last} and {paths.best}",
-            file=sys.stderr,
+            f"weights: {paths.last} and {paths.best}"
         )
     elif result.state == State.FAILED:
         why = f" (exit {result.exit_code}: {result.verdict[0]})" if result.verdict else ""
-        print(f"rocm-yolo: failed after {result.restarts} restart(s){why}; see {paths.log}", file=sys.stderr)
+        _say(f"rocm-yolo: failed after {result.restarts} restart(s){why}; see {paths.log}")
+
+
+def _say(text: str) -> None:
+    """A line on stderr after the run; a terminal gone meanwhile drops it (the run's log has the run's end)."""
+    from rocm_yolo.process.terminal import LOST
+
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError as e:
+        if e.errno not in LOST:
+            raise
 
 
 def _trained_before(spec) -> int:

@@ -43,8 +43,12 @@ class RunLog:
             print(f"{PREFIX} {message}", file=stream, flush=True)
         except (OSError, ValueError):
             pass
+        self.record(message)
+
+    def record(self, line: str) -> None:
+        """``line`` into the log file only, time-stamped (e.g. the output a lost terminal no longer shows)."""
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        self._append(self.log_path, f"{stamp} [{os.getpid()}] {message}\n")
+        self._append(self.log_path, f"{stamp} [{os.getpid()}] {line}\n")
 
     def event(self, kind: str, message: str | None = None, /, **fields) -> None:
         """Record an event; ``message`` (if any) also goes to the terminal and the log (a ``message`` field, if

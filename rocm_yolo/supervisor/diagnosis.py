@@ -231,6 +231,9 @@ def _hang(e: Evidence, kernel: dict[str, list[str]]) -> Diagnosis:
         return Diagnosis(
             GPU_HANG, f"GPU hang (kernel log: {', '.join(hung)})", f"{GPU_HANG}: {hung[0]}", tuple(lines[:8])
         )
+    outside = [pid for pid, f in mains.items() if not _in_torch(f) and not _in_collective(f)]
+    if len(ranks) > 1 and 0 < len(outside) < len(mains):  # one rank stuck in Python: the others wait for it
+        return _rank_stuck(mains)
     stuck = {pid: f for pid, f in mains.items() if _in_torch(f)}
     if e.on_gpu and stuck:
         pid, frames = next(iter(stuck.items()))
@@ -246,12 +249,20 @@ def _hang(e: Evidence, kernel: dict[str, list[str]]) -> Diagnosis:
         return Diagnosis(
             GPU_HANG, f"main-process hang inside GPU work (in {call})", f"{GPU_HANG}: stuck in {call}", (f"pid {pid}",)
         )
-    if len(ranks) > 1:  # the rank stuck outside the collectives is the one the others wait for
-        pid, frames = next(((p, f) for p, f in mains.items() if not _in_collective(f)), next(iter(mains.items())))
-        title = f"hang (rank pid {pid} in {_where(frames)}; the other ranks wait for it)"
-    else:
-        pid, frames = next(iter(mains.items()), (None, []))
-        title = f"hang (the trainer in {_where(frames)})"
+    if len(ranks) > 1:
+        return _rank_stuck(mains)
+    pid, frames = next(iter(mains.items()), (None, []))
+    title = f"hang (the trainer in {_where(frames)})"
+    return Diagnosis(UNKNOWN, title, f"{UNKNOWN}: hang in {frames[0][1] if frames else '?'}", (title,))
+
+
+def _rank_stuck(mains: dict) -> Diagnosis:
+    """On several GPUs: the rank stuck outside torch and its collectives is the one the others wait for."""
+    outside = ((p, f) for p, f in mains.items() if not _in_torch(f) and not _in_collective(f))
+    pid, frames = next(
+        outside, next(((p, f) for p, f in mains.items() if not _in_collective(f)), next(iter(mains.items())))
+    )
+    title = f"hang (rank pid {pid} in {_where(frames)}; the other ranks wait for it)"
     return Diagnosis(UNKNOWN, title, f"{UNKNOWN}: hang in {frames[0][1] if frames else '?'}", (title,))
 
 

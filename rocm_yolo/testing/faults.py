@@ -388,8 +388,9 @@ def epoch_save_writer(path):
 def final_save(name: str, paths: RunPaths):
     """``final-save-stop@last|best`` and ``final-save-kill@last|best``, around the end of training's rewrite of
     ``name`` (``last.pt`` or ``best.pt``): ``torch.save`` writes half the file, then either asks the supervisor
-    to stop the run (SIGTERM to the trainer's parent, as Ctrl-C would) and waits for the stop to arrive, or
-    SIGKILLs the trainer. Deterministic: the stop always lands in the middle of that write."""
+    to stop the run (SIGTERM to the trainer's parent, as Ctrl-C would), waits for the stop to arrive (it waits
+    for the rewrite to end) and writes the rest, or SIGKILLs the trainer. Deterministic: the stop always lands
+    in the middle of that write."""
     fault = next((f for f in active() if f.kind in FINAL_SAVE and f"{f.where}.pt" == name), None)
     if fault is None or not claim(fault, paths):
         yield
@@ -411,8 +412,8 @@ def final_save(name: str, paths: RunPaths):
             if fault.kind == "final-save-kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             os.kill(os.getppid(), signal.SIGTERM)  # the supervisor stops the tree: SIGTERM reaches us here
-            while True:
-                time.sleep(0.05)
+            time.sleep(3)
+            out.write(data[len(data) // 2 :])
 
     torch.save = save_half_then_stop
     try:

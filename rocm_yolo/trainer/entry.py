@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = spec.paths
     rank = devices.rank()  # a rank of a multi-GPU run, started by torch.distributed.run
     log = RunLog(paths.log, paths.events, rank=rank)
+    _guard_terminal(log, rank)  # before Ultralytics holds sys.stdout
     log.event("start_method", method=multiprocessing.get_start_method(), torch_imported=torch_was_imported)
     # no orphan if killed -9: the launcher and a one-GPU child die with the supervisor, a rank with its launcher
     die_with_parent(_parent(rank))
@@ -85,6 +86,17 @@ def main(argv: list[str] | None = None) -> int:
 
     with ranks.reporting(rank) as report:
         return report(_train(spec, log))
+
+
+def _guard_terminal(log, rank: int | None) -> None:
+    """A terminal that goes away (EIO) is no training failure: the output goes on in the run's log (rank 0's)."""
+    from rocm_yolo.process import terminal
+
+    def lost(error: OSError) -> None:
+        where = f"its output goes on in {log.log_path}" if not rank else "its output is dropped"
+        log.event("terminal_lost", f"the terminal is gone ({error.strerror}): training goes on; {where}")
+
+    terminal.guard("stdout", keep=None if rank else log.record, on_lost=lost)
 
 
 def _parent(rank: int | None) -> int:

@@ -1,7 +1,8 @@
-"""Signals (issue 27), for real: a stop in the middle of an epoch's save, a hangup under nohup, Ctrl-Z.
+"""Signals (issue 27), for real: a stop in the middle of an epoch's save, a hangup under nohup, Ctrl-Z, a terminal
+that goes away.
 
-Real trainings on the CPU (tiny data, imgsz 32), real signals to real processes. The CLI runs in a
-session of its own, as a shell's job does: what a terminal sends its job (SIGHUP when it goes away,
+Real trainings on the CPU (tiny data, imgsz 32), real signals to real processes, a real pseudo-terminal. The CLI
+runs in a session of its own, as a shell's job does: what a terminal sends its job (SIGHUP when it goes away,
 SIGTSTP for Ctrl-Z) goes to that process group, which holds the supervisor only (the training tree
 runs in a session of its own).
 """
@@ -9,7 +10,10 @@ runs in a session of its own).
 from __future__ import annotations
 
 import os
+import select
 import signal
+import sys
+import threading
 import time
 
 import psutil
@@ -100,3 +104,47 @@ def test_ctrl_z_stops_the_whole_training_tree_and_it_goes_on_when_continued(cli,
     assert r.returncode == 0, r.stdout[-3000:]
     assert epochs_in(run) == [1, 2] and len(events(run, "suspended")) == len(events(run, "continued")) == 1
     assert read_state(run).hangs == [] and cli.leftovers() == []
+
+
+def test_a_terminal_that_goes_away_is_no_training_failure(cli, tiny_data, tmp_path):
+    """``setsid rocm-yolo train ... &``, then the terminal closed: its writes fail with EIO. The run trains to the end
+    on its profile, with no restart (the EIO was a training crash, restarted down the ladder), and the training
+    output goes on in the run's log."""
+    run = tmp_path / "runs" / "detect" / "t"
+    master, slave = os.openpty()
+    shown = bytearray()
+    stop = threading.Event()
+
+    def terminal():  # a terminal shows what it gets: its buffer never fills
+        while not stop.is_set():
+            if select.select([master], [], [], 0.1)[0]:
+                try:
+                    shown.extend(os.read(master, 65536))
+                except OSError:
+                    return
+
+    reader = threading.Thread(target=terminal, daemon=True)
+    reader.start()
+    args = ["train", str(tiny_data), "--epochs", "3", "--workers", "1", "--name", "t", *TINY]
+    proc = cli.tagged.start(
+        [sys.executable, "-m", "rocm_yolo", *args], cwd=tmp_path, output=slave, start_new_session=True
+    )
+    os.close(slave)
+    try:
+        beat = RunPaths(run).heartbeat
+        deadline = time.monotonic() + 240
+        while getattr(heartbeat.read(beat), "batches_total", 0) == 0:
+            assert proc.poll() is None and time.monotonic() < deadline, shown.decode(errors="replace")[-3000:]
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        reader.join()
+        os.close(master)  # the terminal window is closed
+    assert b"rocm-yolo:" in shown  # it did write to the terminal until then
+    assert proc.wait(timeout=300) == 0, RunPaths(run).log.read_text()[-3000:]
+    state = read_state(run)
+    assert epochs_in(run) == [1, 2, 3] and state.restarts == 0 and state.profile == "fast"
+    assert len(events(run, "terminal_lost")) == 1 and cli.leftovers() == []
+    log = RunPaths(run).log.read_text()
+    after = log[log.index("the terminal is gone") :].splitlines()[1:]
+    assert any("rocm-yolo" not in line and line.split("] ", 1)[-1].strip() for line in after)  # the output, kept

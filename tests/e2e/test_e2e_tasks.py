@@ -82,7 +82,7 @@ def _scenario(task: str, data: Path) -> list[tuple[list[str], dict]]:
             )
         ]
     if task == "pose":
-        return [([*first, "--fallback", "single"], {"ROCM_YOLO_FAULT": "crash@2:1"})]
+        return [([*first, "--fallback", "single"], {"ROCM_YOLO_FAULT": "kill@2:1"})]  # no evidence: the ladder
     resume = ["--resume"] if task == "segment" else ["--resume", f"runs/{task}/train/weights/last.pt"]
     return [
         ([*first, "--max-restarts", "0"], {"ROCM_YOLO_FAULT": "crash@2:1"}),

@@ -159,8 +159,9 @@ def test_every_rank_in_a_collective_is_a_collective_hang_but_one_rank_stuck_else
     assert found.cls == COLLECTIVE and len(found.evidence) == 2
     stuck = [("/x/rocm_yolo/testing/faults.py", "block_forever"), *MAIN_TAIL]  # rank 1 never joins
     one = stacks((9, "trainer", [launcher]), (10, "rank", [in_backward]), (11, "rank", [stuck]))
-    other = diagnose(Evidence("hang", stacks=one, multi_gpu=True))
-    assert other.cls == UNKNOWN and other.title.startswith("hang (rank pid 11 in block_forever")  # rank 0: a victim
+    for on_gpu in (False, True):  # rank 0 waits in DDP's backward (torch, on a GPU): a victim, not a GPU hang
+        other = diagnose(Evidence("hang", stacks=one, multi_gpu=True, on_gpu=on_gpu))
+        assert other.cls == UNKNOWN and other.title.startswith("hang (rank pid 11 in block_forever")
 
 
 def test_a_hang_the_kernel_reports_or_a_trainer_stuck_in_torch_on_a_gpu_is_a_gpu_hang():

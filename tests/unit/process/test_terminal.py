@@ -1,0 +1,62 @@
+"""A terminal that goes away, for real: a pseudo-terminal whose master is closed makes every write to it fail with EIO.
+
+The guarded stream writes through until then; the first write after the loss is not an error, the descriptor now
+leads to /dev/null, ``on_lost`` hears it once, and each complete line (a progress bar's last state, colours
+stripped) is kept.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+
+import pytest
+
+from rocm_yolo.process import terminal
+
+
+@pytest.fixture
+def tty():
+    master, slave = os.openpty()
+    stream = io.TextIOWrapper(io.FileIO(slave, "w"), line_buffering=True)
+    yield master, stream
+    stream.close()
+    try:
+        os.close(master)
+    except OSError:
+        pass
+
+
+def test_writes_survive_the_terminal_going_away_and_complete_lines_are_kept(tty):
+    master, stream = tty
+    kept, lost = [], []
+    guarded = terminal.GuardedStream(stream, keep=kept.append, on_lost=lost.append)
+    guarded.write("before\n")
+    assert os.read(master, 100).replace(b"\r", b"") == b"before\n" and not guarded.lost
+    os.close(master)  # the terminal window is closed
+    with pytest.raises(OSError) as plain:
+        os.write(stream.fileno(), b"x")  # what every write to it gets now
+    assert plain.value.errno in terminal.LOST
+    guarded.write("\r\x1b[1mepoch 1/3\x1b[0m  10%")  # a progress bar, redrawn
+    guarded.write("\repoch 1/3  100%\n")
+    guarded.write("a line\nhalf")
+    guarded.flush()
+    assert guarded.lost and len(lost) == 1 and lost[0].errno == errno.EIO
+    assert kept == ["epoch 1/3  100%", "a line"]  # "half" waits for its end of line
+    os.write(stream.fileno(), b"C code writes too")  # the descriptor leads to /dev/null now: no error
+    assert guarded.fileno() == stream.fileno() and not guarded.isatty()  # everything else is the stream's
+
+
+def test_other_errors_are_the_callers_and_guarding_twice_is_guarding_once(monkeypatch):
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    guarded = terminal.GuardedStream(Full())
+    with pytest.raises(OSError):
+        guarded.write("x")
+    assert not guarded.lost
+    monkeypatch.setattr("sys.stdout", io.StringIO())
+    first = terminal.guard("stdout")
+    assert terminal.guard("stdout") is first
