@@ -43,7 +43,7 @@ from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.diagnosis import GPU_CLASSES, diagnose
 from rocm_yolo.supervisor.evidence import Machine
 from rocm_yolo.supervisor.reporting import Reporter
-from rocm_yolo.supervisor.restart import last_loadable, next_spec, tidy_finished
+from rocm_yolo.supervisor.restart import environment_error, last_loadable, next_spec, tidy_finished
 from rocm_yolo.supervisor.signals import Signals
 from rocm_yolo.supervisor.stall import StallDetector, ranks_heard
 from rocm_yolo.supervisor.states import EXIT_STATES, RUN_EXIT, RunResult
@@ -189,6 +189,7 @@ class Supervisor:
             return self._finish(outcome, spec)
         if outcome == State.SETUP_FAILED:
             self._say_what_is_kept(spec)
+            self.result.detail = environment_error(spec)  # status says why (a full disk mid-training, say)
             return self._finish(State.SETUP_FAILED, spec)
         if outcome == State.ALREADY_FINISHED:
             if self.user_resume and spec is self.spec:

@@ -1,11 +1,11 @@
-"""What the next attempt starts from after a hang or a crash, and tidying a run that finished."""
+"""What the next attempt starts from after a hang or a crash, tidying a run that finished, what stopped one."""
 
 from __future__ import annotations
 
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run import checkpoints
 from rocm_yolo.run.atomic import copy_atomic
-from rocm_yolo.run.events import RunLog
+from rocm_yolo.run.events import RunLog, read_events
 from rocm_yolo.run.profiles import next_profile, resolve
 from rocm_yolo.run.spec import RunSpec, carry_over
 
@@ -68,3 +68,9 @@ def last_loadable(spec: RunSpec):
         return checkpoints.plan_resume_point(spec.paths.last).path
     except UsageError:
         return None
+
+
+def environment_error(spec: RunSpec) -> str | None:
+    """What the newest environment error of the run was (its ``setup_error`` event), for ``status``."""
+    found = [e for e in read_events(spec.paths.events) if e.get("event") == "setup_error" and e.get("error")]
+    return f"environment error: {found[-1]['error']}" if found else None

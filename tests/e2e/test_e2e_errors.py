@@ -130,6 +130,8 @@ def test_a_full_disk_stops_the_run_keeps_its_checkpoint_and_says_so(cli, tiny_da
         assert not list(paths.weights.glob(".*.tmp")) and not list(paths.run_dir.glob("internal-*.txt"))
         assert checkpoints.verify(paths.last) is None and f"the last loadable checkpoint is {paths.last}" in r.stdout
         assert "Traceback" in paths.setup_error(1).read_text() and read_state(paths.run_dir).state == "setup_failed"
+        status = Cli(tmp_path).run("status", str(paths.run_dir), timeout=60).stdout
+        assert "state:     setup_failed (environment error: no space left on device" in status  # not "stopped"
         assert cli.leftovers() == []
         # the disk quite full: a new run cannot even write its spec; one line, exit 4, nothing left running
         _fill(disk)
