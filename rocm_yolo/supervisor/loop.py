@@ -75,7 +75,7 @@ class Supervisor:
         self._failed_at = 0.0  # when the last attempt was found stalled or crashed (clock)
         self._state_error = False
         self.work = WorkLost()
-        previous = read_state(spec.run_dir) if user_resume else None
+        previous = read_state(spec.paths) if user_resume else None
         if previous:  # a resumed run keeps its history of hangs and restarts
             self.result.hangs = list(previous.hangs)
             self.result.restarts = previous.restarts
@@ -147,6 +147,9 @@ class Supervisor:
             return self._interrupted(spec)
         if outcome in (State.USAGE_ERROR, State.INTERNAL_ERROR):
             return self._finish(outcome, spec)
+        if outcome == State.FAILED:  # more than one machine: a node did not come back (the child's line names it)
+            self.result.detail = "a node did not come to the rendezvous"
+            return self._finish(State.FAILED, spec)
         if outcome == State.SETUP_FAILED:
             self._say_what_is_kept(spec)
             return self._finish(State.SETUP_FAILED, spec)
@@ -205,7 +208,7 @@ class Supervisor:
             # and an attempt may train its first batch and finish (or crash) between two polls
             for beat in child.heartbeats():
                 progress = detector.observe(beat, now)  # any rank's progress is the run's
-                if beat.rank:  # rank 0 speaks for the run: where it is, what a restart trains again
+                if not beat.lead:  # (local) rank 0 speaks for the run: where it is, what a restart trains again
                     continue
                 hb = beat
                 if progress:
@@ -348,7 +351,7 @@ class Supervisor:
             ),
         )
         try:
-            write_state(spec.run_dir, record)
+            write_state(spec.paths, record)
         except OSError as e:  # bookkeeping must never stop the supervisor; say it once
             if not self._state_error:
                 self._state_error = True

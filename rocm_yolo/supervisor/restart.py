@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run import checkpoints
 from rocm_yolo.run.atomic import copy_atomic
+from rocm_yolo.run.devices import join_round
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.profiles import next_profile, resolve
 from rocm_yolo.run.spec import RunSpec, carry_over
@@ -16,6 +19,8 @@ def next_spec(spec: RunSpec, ladder: tuple[str, ...], log: RunLog | None = None)
     What the user set carries over as :func:`~rocm_yolo.run.spec.carry_over` says (the rule a
     ``--resume`` follows too): the workers start again from the user's request (a profile's cut is
     not cut again), and a loader setting the next profile cannot take is dropped, with a note.
+    On more than one machine the next attempt joins the next round of the rendezvous, and its
+    profile is that round's, the same on every node (:func:`~rocm_yolo.run.devices.join_round`).
     """
     profile = next_profile(spec.profile, ladder)
     resume = None
@@ -27,8 +32,19 @@ def next_spec(spec: RunSpec, ladder: tuple[str, ...], log: RunLog | None = None)
     except UsageError:
         resume = None  # nothing saved yet: start again in the same directory
     train_args = {**spec.train_args, "exist_ok": True}
-    if profile == spec.profile:  # the last rung repeats: the same settings, the user's overrides included
-        return spec.with_changes(resume=resume, attempt=spec.attempt + 1, train_args=train_args)
+    spec = spec.with_changes(resume=resume, attempt=spec.attempt + 1, train_args=train_args)
+    if spec.nodes is not None:
+        found = join_round(spec.paths, profile, after=spec.nodes.round)
+        profile = found.profile
+        spec = spec.with_changes(nodes=replace(spec.nodes, round=found.number))
+    return with_profile(spec, profile, log)
+
+
+def with_profile(spec: RunSpec, profile: str, log: RunLog | None = None) -> RunSpec:
+    """``spec`` on ``profile``, what the user set carried over (:func:`~rocm_yolo.run.spec.carry_over`); the same
+    spec when it is on ``profile`` already (the last rung repeats: the user's overrides included)."""
+    if profile == spec.profile:
+        return spec
     carried = carry_over(spec, profile)
     if carried.dropped and log is not None:
         log.info(carried.note(profile))
@@ -38,9 +54,6 @@ def next_spec(spec: RunSpec, ladder: tuple[str, ...], log: RunLog | None = None)
         loader=resolved.loader,
         val=resolved.val,
         env=resolved.env,
-        resume=resume,
-        attempt=spec.attempt + 1,
-        train_args=train_args,
         user_keys=carried.user_keys,
     )
 
