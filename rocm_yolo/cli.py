@@ -101,10 +101,9 @@ that training, validation and checkpoints work on this machine. Next:
 
 
 def _say_how_it_ended(result, started: float, trained_before: int = 0) -> None:
-    from rocm_yolo.run.paths import RunPaths
     from rocm_yolo.run.supervisor_state import State
 
-    paths = RunPaths(result.run_dir)
+    paths = result.paths
     if result.state == State.FINISHED:
         epochs = _count_epochs(paths.results)
         trained = f"{epochs} epoch{'s' if epochs != 1 else ''}"
@@ -122,7 +121,7 @@ def _say_how_it_ended(result, started: float, trained_before: int = 0) -> None:
             f"weights: {paths.last} and {paths.best}",
             file=sys.stderr,
         )
-    elif result.state == State.FAILED:
+    elif result.state == State.FAILED and result.detail is None:  # a detail: said already, in the child's line
         print(f"rocm-yolo: failed after {result.restarts} restart(s); see {paths.log}", file=sys.stderr)
 
 

@@ -54,7 +54,14 @@ def _join(spec: RunSpec) -> RunSpec:
     if spec.nodes is None:
         return spec
     found = join_round(spec.paths, spec.profile)
-    return with_profile(spec, found.profile).with_changes(nodes=replace(spec.nodes, round=found.number))
+    notes = spec.notes
+    if found.profile != spec.profile:
+        notes += (
+            f"node {spec.node} joins round {found.number} of the rendezvous on its profile '{found.profile}' (not "
+            f"'{spec.profile}'): every node trains on the same one",
+        )
+    joined = with_profile(spec, found.profile).with_changes(nodes=replace(spec.nodes, round=found.number))
+    return joined.with_changes(notes=notes)
 
 
 def _claim_node(wanted: Path, node: int) -> tuple[Path, bool]:

@@ -69,7 +69,7 @@ class Supervisor:
         self.log = log or RunLog(spec.paths.log, spec.paths.events)
         self.user_resume = user_resume
         self.interrupted: int | None = None
-        self.result = RunResult(state=State.RUNNING, exit_code=errors.FAILED, run_dir=spec.run_dir)
+        self.result = RunResult(state=State.RUNNING, exit_code=errors.FAILED, run_dir=spec.run_dir, node=spec.node)
         self.started_wall = time.time()
         self._recovering_since: float | None = None
         self._failed_at = 0.0  # when the last attempt was found stalled or crashed (clock)

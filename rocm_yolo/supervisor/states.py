@@ -57,6 +57,11 @@ class RunResult:
     wall_seconds: float = 0.0
     recoveries: list = field(default_factory=list)  # [Recovery], one per restart (supervisor.worklost)
     detail: str | None = None  # what else the end says (e.g. "the final validation was interrupted")
+    node: int | None = None  # on more than one machine: the node this supervisor ran (its log is its own)
+
+    @property
+    def paths(self) -> RunPaths:
+        return RunPaths(self.run_dir, self.node)
 
     @property
     def last(self) -> Path:
