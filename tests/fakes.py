@@ -60,6 +60,7 @@ def beat(
         time=t,
         started=0,
         rank=rank,
+        local_rank=rank,  # one machine: its rank among the node's
     )
 
 

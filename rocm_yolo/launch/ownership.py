@@ -86,6 +86,8 @@ def holder(run_dir: str | os.PathLike, node: int | None = None) -> int | None:
         except BlockingIOError:
             text = os.pread(fd, 64, 0).decode(errors="replace").strip()
             return int(text) if text.isdigit() else 0
+        except OSError:  # no locks on this storage: no holder to name
+            return None
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
@@ -121,6 +123,13 @@ def _in_use(run_dir: Path, fd: int, node: int | None) -> UsageError:
     )
 
 
+def _no_locks(run_dir: Path, error: OSError) -> SetupError:
+    return SetupError(
+        f"cannot lock {run_dir} ({error.strerror or error}): its storage keeps no file locks (flock), which keep a "
+        "second supervisor out of a run; put the run on storage that does (NFS does; Lustre mounted with -o flock)"
+    )
+
+
 def acquire(run_dir: str | os.PathLike, node: int | None = None) -> None:
     """Hold ``run_dir`` (as its ``node``, on more than one machine) for this process, or raise :class:`UsageError`
     naming the holder."""
@@ -132,6 +141,9 @@ def acquire(run_dir: str | os.PathLike, node: int | None = None) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise _in_use(run_dir, fd, node) from None
+    except OSError as e:
+        os.close(fd)
+        raise _no_locks(run_dir, e) from None
     fds = (fd,)
     if node is not None:  # the run's lock, shared with the other nodes' supervisors: no one-machine supervisor
         shared = _open_lock(run_dir, None)
@@ -140,6 +152,10 @@ def acquire(run_dir: str | os.PathLike, node: int | None = None) -> None:
         except BlockingIOError:
             os.close(fd)
             raise _in_use(run_dir, shared, None) from None
+        except OSError as e:
+            os.close(fd)
+            os.close(shared)
+            raise _no_locks(run_dir, e) from None
         fds += (shared,)
     try:
         os.ftruncate(fd, 0)

@@ -170,7 +170,10 @@ class _RoundLock:
     def __enter__(self) -> "_RoundLock":
         self.paths.state.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(self.paths.round_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except OSError:  # storage without locks (Lustre without -o flock): the writes are atomic all the same
+            pass
         return self
 
     def __exit__(self, *exc) -> None:

@@ -34,9 +34,14 @@ def next_spec(spec: RunSpec, ladder: tuple[str, ...], log: RunLog | None = None)
     train_args = {**spec.train_args, "exist_ok": True}
     spec = spec.with_changes(resume=resume, attempt=spec.attempt + 1, train_args=train_args)
     if spec.nodes is not None:
-        found = join_round(spec.paths, profile, after=spec.nodes.round)
-        profile = found.profile
-        spec = spec.with_changes(nodes=replace(spec.nodes, round=found.number))
+        try:
+            found = join_round(spec.paths, profile, after=spec.nodes.round)
+            number, profile = found.number, found.profile
+        except OSError as e:  # the shared storage refuses: the round every node would open next, on this profile
+            number = spec.nodes.round + 1
+            if log is not None:
+                log.info(f"cannot read or move the round in {spec.paths.round} ({e.strerror or e}): round {number}")
+        spec = spec.with_changes(nodes=replace(spec.nodes, round=number))
     return with_profile(spec, profile, log)
 
 
