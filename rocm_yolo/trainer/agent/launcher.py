@@ -238,7 +238,7 @@ def _wait(proc: subprocess.Popen, start, relay: Relay, meeting: Meeting | None) 
             code = current[0].wait() if meeting is None else meeting.wait(current[0], lambda: relay.heard)
             if stopped or meeting is None or not meeting.again(code, relay.heard) or stopped:
                 return code, (stopped[0] if stopped else None)
-            current[0] = start()
+            current[0] = start()  # the relay's thread sits in a read of the FIFO: no lock of ours held over the fork
             if stopped:  # the stop came while it started
                 current[0].send_signal(signal.SIGTERM)
     finally:
