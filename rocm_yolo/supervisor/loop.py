@@ -34,7 +34,7 @@ from rocm_yolo.run.supervisor_state import (
     write_state,
 )
 from rocm_yolo.supervisor.config import WatchdogConfig
-from rocm_yolo.supervisor.restart import last_loadable, next_spec, tidy_finished
+from rocm_yolo.supervisor.restart import last_loadable, next_spec, resume_command, tidy_finished
 from rocm_yolo.supervisor.stall import StallDetector
 from rocm_yolo.supervisor.states import EXIT_STATES, RUN_EXIT, RunResult
 from rocm_yolo.supervisor.trainer_process import Child, TrainerProcess
@@ -312,7 +312,7 @@ class Supervisor:
         if found is not None and found.finished_for(spec.extended_epochs):  # the stop came in the end of training
             return self._stopped_after_training(spec, code)
         if paths.last.exists() or paths.mid_checkpoints():
-            self.log.info(f"resume with: rocm-yolo train --resume {paths.last}")
+            self.log.info(f"resume with: {resume_command(spec)}")
         return self._finish(State.INTERRUPTED, spec, code)
 
     def _stopped_after_training(self, spec: RunSpec, code: int) -> RunResult:

@@ -80,6 +80,16 @@ def tidy_finished(spec: RunSpec, log: RunLog) -> None:
         log.info(f"could not tidy {paths.weights}: {e.strerror or e}")
 
 
+def resume_command(spec: RunSpec) -> str:
+    """How the user continues the run of ``spec`` (on more than one machine: every node, with its node flags)."""
+    command = f"rocm-yolo train --resume {spec.paths.last}"
+    if spec.nodes is None:
+        return command
+    if spec.nodes.source == "flags":
+        return f"{command} and the same node flags, on every node"
+    return f"{command} on every node (srun)"
+
+
 def last_loadable(spec: RunSpec):
     """The checkpoint a later resume will start from (the newest valid one, mid-epoch or not), or None."""
     try:
