@@ -101,10 +101,9 @@ that training, validation and checkpoints work on this machine. Next:
 
 
 def _say_how_it_ended(result, started: float, trained_before: int = 0) -> None:
-    from rocm_yolo.run.paths import RunPaths
     from rocm_yolo.run.supervisor_state import State
 
-    paths = RunPaths(result.run_dir)
+    paths = result.paths
     if result.state == State.FINISHED:
         epochs = _last_epoch(paths.results)
         trained = f"{epochs} epoch{'s' if epochs != 1 else ''}"
@@ -121,7 +120,7 @@ def _say_how_it_ended(result, started: float, trained_before: int = 0) -> None:
             f"rocm-yolo: done: {trained} in {time.time() - started:.1f} s{extra}; "
             f"weights: {paths.last} and {paths.best}"
         )
-    elif result.state == State.FAILED:
+    elif result.state == State.FAILED and result.detail is None:  # a detail: said already, in the child's line
         why = f" (exit {result.exit_code}: {result.verdict[0]})" if result.verdict else ""
         _say(f"rocm-yolo: failed after {result.restarts} restart(s){why}; see {paths.log}")
 

@@ -9,7 +9,9 @@ Between rocm-yolo's own processes (one sets it, a descendant reads it):
 - :data:`HEARTBEAT_FD`: the write end of the supervisor's heartbeat pipe, in the training child;
 - :data:`HEARTBEAT_FIFO`: on several GPUs, the launcher's FIFO each rank writes its heartbeat lines into;
 - :data:`TORCHRUN_PID`: on several GPUs, the ``torch.distributed.run`` each rank dies with;
-- :data:`TRAINER_PID`, :data:`RUN_DIR`: the trainer a fork server dies with, and where it records itself.
+- :data:`TRAINER_PID`, :data:`RUN_DIR`: the trainer a fork server dies with, and where it records itself;
+- :data:`NODE`: on more than one machine, rocm-yolo's id of this node: every process of its tree writes its
+  files into the node's own folder of the run (:class:`rocm_yolo.run.paths.RunPaths`).
 
 Set by users:
 
@@ -25,7 +27,12 @@ For tests and benchmarks only:
 - :data:`PLUGINS`: modules that answer the hook points of :mod:`rocm_yolo.run.hooks` (``rocm_yolo.testing``);
 - :data:`FAULT`, :data:`RECORD_BATCHES`: what that plugin reads (CONTRIBUTING.md, :mod:`rocm_yolo.testing`).
 
-Torch's launcher sets :data:`RANK`, :data:`LOCAL_RANK` and :data:`WORLD_SIZE` in each rank, as Ultralytics reads them.
+Torch's launcher sets :data:`RANK`, :data:`LOCAL_RANK`, :data:`WORLD_SIZE` and :data:`LOCAL_WORLD_SIZE` in each rank,
+as Ultralytics reads them; rocm-yolo sets :data:`SHARE_RDZV_STORE_OFF` for it on more than one machine (pytorch#135712).
+
+Read from a scheduler, on more than one machine with no node flags (:mod:`rocm_yolo.launch.cluster`):
+SLURM's :data:`SLURM_NNODES`, :data:`SLURM_NODEID`, :data:`SLURM_JOB_NODELIST` (older: :data:`SLURM_NODELIST`)
+and :data:`SLURM_JOB_ID` (older: :data:`SLURM_JOBID`); :data:`MASTER_ADDR` and :data:`MASTER_PORT` win when set.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ HEARTBEAT_FIFO = "ROCM_YOLO_HEARTBEAT_FIFO"
 TORCHRUN_PID = "ROCM_YOLO_TORCHRUN_PID"
 TRAINER_PID = "ROCM_YOLO_TRAINER_PID"
 RUN_DIR = "ROCM_YOLO_RUN_DIR"
+NODE = "ROCM_YOLO_NODE"
 
 # set by users
 CACHE_DIR = "ROCM_YOLO_CACHE_DIR"
@@ -59,6 +67,18 @@ RECORD_BATCHES = "ROCM_YOLO_RECORD_BATCHES"
 RANK = "RANK"
 LOCAL_RANK = "LOCAL_RANK"
 WORLD_SIZE = "WORLD_SIZE"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+SHARE_RDZV_STORE_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+# a scheduler's, on more than one machine
+SLURM_NNODES = "SLURM_NNODES"
+SLURM_NODEID = "SLURM_NODEID"
+SLURM_JOB_NODELIST = "SLURM_JOB_NODELIST"
+SLURM_NODELIST = "SLURM_NODELIST"
+SLURM_JOB_ID = "SLURM_JOB_ID"
+SLURM_JOBID = "SLURM_JOBID"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
 
 
 def cache_dir(env: Mapping[str, str] = os.environ) -> Path:

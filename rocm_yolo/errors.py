@@ -44,6 +44,7 @@ TERMINATED = 143  # SIGTERM
 
 # Between the supervisor and its child only:
 CHILD_FINISHED = 3  # the checkpoint to resume belongs to a run that has already finished
+NODES_MISSING = 6  # more than one machine: a node did not come to the rendezvous in time; the run ends (1)
 
 HELP = (
     "exit codes: 0 done; 1 failed after retries or a training error; 2 usage error; "

@@ -1,4 +1,10 @@
-"""``rocm-yolo status [RUN_DIR]``: how a run is doing, readable from another terminal."""
+"""``rocm-yolo status [RUN_DIR]``: how a run is doing, readable from another terminal.
+
+On more than one machine it shows every node (``RUN/rocm_yolo/node-K/``, on the storage they share):
+its supervisor's state, where its first rank is and each of its other ranks, as the nodes' own
+files say; and the round of the rendezvous they agree on. A node whose supervisor runs on another
+machine cannot be asked whether it lives: its heartbeat's age says it.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from rocm_yolo import errors
 from rocm_yolo.errors import UsageError
 from rocm_yolo.process.lifecycle import alive
 from rocm_yolo.run import heartbeat
+from rocm_yolo.run.devices import read_round
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.paths import STATE_DIRNAME, RunPaths
 from rocm_yolo.run.spec import RunSpec
@@ -20,9 +27,29 @@ from rocm_yolo.supervisor.stall import StallDetector
 
 
 def newest_run(root: Path = Path("runs")) -> Path | None:
-    beats = [p for p in root.glob(f"**/{STATE_DIRNAME}/{RunPaths('.').heartbeat.name}") if p.is_file()]
+    name = RunPaths(".", None).heartbeat.name
+    beats = [p for p in root.glob(f"**/{STATE_DIRNAME}/{name}") if p.is_file()]
+    beats += [p for p in root.glob(f"**/{STATE_DIRNAME}/node-*/{name}") if p.is_file()]
     newest = max(beats, key=lambda p: p.stat().st_mtime, default=None)
-    return newest.parent.parent if newest else None
+    if newest is None:
+        return None
+    return newest.parent.parent.parent if newest.parent.name.startswith("node-") else newest.parent.parent
+
+
+def _multi_node(run_dir: Path) -> list[int]:
+    """The nodes of a multi-node run, when its newest state is theirs (not a later resume on one machine)."""
+    paths = RunPaths(run_dir, None)
+    nodes = paths.nodes()
+
+    def updated(p: RunPaths) -> float:
+        try:
+            return p.supervisor.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    if not nodes or updated(paths) > max(updated(paths.for_node(k)) for k in nodes):
+        return []
+    return nodes
 
 
 def _stalled(hb: Heartbeat, sup: SupervisorState | None, now: float) -> bool:
@@ -35,9 +62,26 @@ def _stalled(hb: Heartbeat, sup: SupervisorState | None, now: float) -> bool:
 
 
 def collect(run_dir: Path, now: float | None = None) -> dict:
+    """What ``status`` says of a run: its state and progress (node 0's on several machines), and each node's."""
     now = time.time() if now is None else now
-    hb = heartbeat.read(RunPaths(run_dir).heartbeat)
-    sup = read_state(run_dir)
+    nodes = _multi_node(run_dir)
+    if not nodes:
+        return _collect(RunPaths(run_dir, None), now)
+    info = _collect(RunPaths(run_dir, nodes[0]), now)
+    info["nodes"] = [{"node": k, **_collect(RunPaths(run_dir, k), now)} for k in nodes]
+    found = read_round(RunPaths(run_dir, None))
+    if found is not None:
+        info["round"] = asdict(found)
+    spec = _spec_of(RunPaths(run_dir, nodes[0]), info.get("attempt"))
+    if spec is not None and spec.nodes is not None:
+        info["node_count"], info["endpoint"] = spec.nodes.count, spec.nodes.endpoint
+    return info
+
+
+def _collect(paths: RunPaths, now: float) -> dict:
+    run_dir = paths.run_dir
+    hb = heartbeat.read(paths.heartbeat)
+    sup = read_state(paths)
     info: dict = {
         "run_dir": str(run_dir),
         "state": sup.state.value if sup else "unknown",
@@ -63,7 +107,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict:
             it_s=hb.it_s,
             heartbeat_age=round(age, 1),
             attempt=hb.attempt,
-            profile=_profile_of(run_dir, hb.attempt) or info["profile"],  # the attempt's own, not the newest's
+            profile=getattr(_spec_of(paths, hb.attempt), "profile", None) or info["profile"],  # the attempt's own
         )
         if info["state"] == State.RUNNING.value and hb.phase != "done" and _stalled(hb, sup, now):
             info["state"] = "stalled?"
@@ -72,15 +116,18 @@ def collect(run_dir: Path, now: float | None = None) -> dict:
             left = (hb.batches - hb.batch) + (hb.epochs - hb.epoch) * hb.batches
             info["eta_seconds"] = round(left / hb.it_s)
     # a finished run: rank 0 says it; an earlier attempt's ranks (a run resumed on fewer GPUs) are not this one's
-    ranks = _ranks(RunPaths(run_dir), now, hb.attempt) if hb is not None and hb.phase != "done" else []
+    done = hb is None or hb.phase == "done" or info["state"] == State.FINISHED.value  # a rank above 0 says no "done"
+    ranks = _ranks(paths, now, hb.attempt) if not done else []
     if ranks:
         info["ranks"] = ranks
     return info
 
 
-def _profile_of(run_dir: Path, attempt: int) -> str | None:
+def _spec_of(paths: RunPaths, attempt: int | None) -> RunSpec | None:
+    if attempt is None:
+        return None
     try:
-        return RunSpec.load(RunPaths(run_dir).spec(attempt)).profile
+        return RunSpec.load(paths.spec(attempt))
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
@@ -106,6 +153,21 @@ def _ranks(paths: RunPaths, now: float, attempt: int) -> list[dict]:
 
 
 def render(info: dict) -> str:
+    if not info.get("nodes"):
+        return _render(info)
+    lines = [f"run:       {info['run_dir']}"]
+    where = [f"rendezvous {info['endpoint']}"] if info.get("endpoint") else []
+    where += [f"round {info['round']['number']}"] if info.get("round") else []
+    count = info.get("node_count") or len(info["nodes"])
+    lines.append(f"nodes:     {count}" + (f" ({', '.join(where)})" if where else ""))
+    for node in info["nodes"]:
+        own = _render(node).splitlines()[1:]  # its "run:" line is the run's
+        lines.append(f"node {node['node']}:    {own[0].split(':', 1)[1].strip()}")
+        lines += ["  " + line for line in own[1:]]
+    return "\n".join(lines)
+
+
+def _render(info: dict) -> str:
     notes = [f"restarted {info['restarts']} times"] if info.get("restarts") else []
     notes += [info["detail"]] if info.get("detail") else []
     lines = [
@@ -173,7 +235,7 @@ def main(run_dir: str | None, as_json: bool = False) -> int:
     path = Path(run_dir) if run_dir else newest_run()
     if path is None:
         raise UsageError("no run found under runs/: pass the run directory, e.g. rocm-yolo status runs/detect/train")
-    if not RunPaths(path).state.is_dir():
+    if not RunPaths(path, None).state.is_dir():
         raise UsageError(f"{path} is not a rocm-yolo run directory (no {STATE_DIRNAME}/ inside)")
     info = collect(path)
     print(json.dumps(info, indent=2) if as_json else render(info))

@@ -26,6 +26,25 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.e2e)
 
 
+# A scheduler's variables form a multi-node job with no node flags (rocm_yolo.launch.cluster): inside a SLURM
+# allocation every rocm-yolo the tests start would join one. The tests form the jobs they mean themselves.
+SCHEDULER_VARIABLES = (
+    "SLURM_NNODES",
+    "SLURM_NODEID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NODELIST",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_scheduler_job():
+    saved = {k: os.environ.pop(k) for k in SCHEDULER_VARIABLES if k in os.environ}
+    yield
+    os.environ.update(saved)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def expected_ultralytics(tmp_path_factory):
     """Under ROCM_YOLO_EXPECT_ULTRALYTICS=VERSION, stop at once unless a process started as the tests start

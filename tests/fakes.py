@@ -61,6 +61,7 @@ def beat(
         time=t,
         started=0,
         rank=rank,
+        local_rank=rank,  # one machine: its rank among the node's
     )
 
 

@@ -14,6 +14,7 @@
 - :mod:`.ram_cache`: ``cache=ram`` shared with the workers, loaded in threads, or refused;
 - :mod:`.demo`: the demo data set, written by the tool itself;
 - :mod:`.resume_target`: which run and checkpoint a ``--resume`` continues;
+- :mod:`.cluster`: more than one machine: the nodes of a job, from the node flags or SLURM's variables;
 - :mod:`.claim`: the run directory taken; :mod:`.ownership`: one supervisor per run directory.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from dataclasses import replace
 
 from rocm_yolo.launch import ownership
 from rocm_yolo.launch.claim import claim, remove_fresh_run, tidy_unstarted_run
@@ -51,9 +53,13 @@ def run(spec: RunSpec, config: WatchdogConfig, *, user_resume: bool = False) -> 
     """Run ``spec`` under the supervisor; Ctrl-C and SIGTERM stop the whole tree.
 
     The run directory stays locked to this process until the supervisor is done. A new run
-    that ends in a usage error (the child found the data unusable) leaves no directory.
+    that ends in a usage error (the child found the data unusable) leaves no directory. On more than
+    one machine each attempt may wait for the other nodes at the rendezvous, up to ``--rdzv-timeout``,
+    before its first training batch: the watchdog's start-up grace covers that wait too.
     """
-    ownership.acquire(spec.run_dir)  # held already when the spec was claimed here
+    if spec.nodes is not None:
+        config = replace(config, startup_grace=config.startup_grace + spec.nodes.timeout)
+    ownership.acquire(spec.run_dir, spec.node)  # held already when the spec was claimed here
     started = time.time()
     try:
         supervisor = Supervisor(spec, config, user_resume=user_resume)
@@ -66,9 +72,9 @@ def run(spec: RunSpec, config: WatchdogConfig, *, user_resume: bool = False) -> 
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     finally:
-        ownership.release(spec.run_dir)
+        ownership.release(spec.run_dir, spec.node)
     if result.state == State.USAGE_ERROR and spec.resume is None:
         remove_fresh_run(spec)
-    if spec.resume is None and not spec.created and result.state != State.FINISHED:
+    if spec.resume is None and not spec.created and not spec.node and result.state != State.FINISHED:
         tidy_unstarted_run(spec, started)  # a reused folder is the user's: what this run did not get to use goes back
     return result

@@ -5,19 +5,26 @@ holds its lock; ``exist_ok=True`` reuses an existing directory unless it holds a
 of another run or another supervisor holds it (and drops the old run's tracker record). A
 resume first refuses a run that has finished (writing nothing), then holds its run's lock
 and takes the checkpoint it starts from (which may move a damaged ``last.pt`` aside).
+
+On more than one machine every node claims the same directory, ``project/name`` as given (never
+``name-2``: the nodes share it), holds its node's lock, and joins the round of the rendezvous the
+other nodes agree on (:func:`rocm_yolo.run.devices.join_round`), with its loader profile.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from rocm_yolo.errors import UsageError
 from rocm_yolo.launch import ownership
 from rocm_yolo.launch.resume_target import resume_point
+from rocm_yolo.run.devices import join_round
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import RunSpec, next_attempt
+from rocm_yolo.supervisor.restart import with_profile
 from rocm_yolo.ultralytics_rules.checkpoint import summary
 
 
@@ -27,15 +34,52 @@ def claim(spec: RunSpec) -> RunSpec:
     A new directory is recorded as this run's own (``spec.created``): clean-up touches only such a one.
     """
     if spec.resume is not None:
-        return _claim_resume(spec)
-    run_dir, created = _claim_new(Path(spec.run_dir), bool(spec.train_args.get("exist_ok", False)))
-    if not created:  # a reused folder's results.csv: Ultralytics unlinks it; kept aside until an epoch is trained
+        return _join(_claim_resume(spec))
+    if spec.nodes is not None:
+        run_dir, created = _claim_node(Path(spec.run_dir), spec.node)
+    else:
+        run_dir, created = _claim_new(Path(spec.run_dir), bool(spec.train_args.get("exist_ok", False)))
+    reused = not created and not spec.node  # one machine, or node 0 of several: the folder is in its care
+    if reused:  # a reused folder's results.csv: Ultralytics unlinks it; kept aside until an epoch is trained
         keep_results_aside(RunPaths(run_dir))
     train_args = {**spec.train_args, "project": str(run_dir.parent), "name": run_dir.name, "exist_ok": True}
-    attempt = 1 if created else next_attempt(run_dir)  # a reused directory keeps the reports already in it
-    if not created:  # a new run opens new tracker runs: only its own attempts continue them
+    attempt = next_attempt(run_dir, spec.node)  # a reused directory keeps the reports already in it
+    if reused:  # a new run opens new tracker runs: only its own attempts continue them
         RunPaths(run_dir).tracker.unlink(missing_ok=True)
-    return spec.with_changes(run_dir=str(run_dir), train_args=train_args, created=created, attempt=attempt)
+    return _join(spec.with_changes(run_dir=str(run_dir), train_args=train_args, created=created, attempt=attempt))
+
+
+def _join(spec: RunSpec) -> RunSpec:
+    """On more than one machine: the round of the rendezvous this node's first attempt joins, and its profile."""
+    if spec.nodes is None:
+        return spec
+    found = join_round(spec.paths, spec.profile)
+    notes = spec.notes
+    if found.profile != spec.profile:
+        notes += (
+            f"node {spec.node} joins round {found.number} of the rendezvous on its profile '{found.profile}' (not "
+            f"'{spec.profile}'): every node trains on the same one",
+        )
+    joined = with_profile(spec, found.profile).with_changes(nodes=replace(spec.nodes, round=found.number))
+    return joined.with_changes(notes=notes)
+
+
+def _claim_node(wanted: Path, node: int) -> tuple[Path, bool]:
+    """A node's share of a new multi-node run: ``wanted`` itself (every node trains into it), unless it holds a
+    checkpoint (a run the nodes must resume) or another supervisor holds this node of it."""
+    try:
+        wanted.mkdir(parents=True)
+        created = True
+    except FileExistsError:
+        created = False
+    except OSError as e:
+        raise ownership._setup_error("create the run directory", wanted, e) from None
+    ownership.acquire(wanted, node)  # refuses a second supervisor of this node before anything is touched
+    found = RunPaths(wanted).checkpoints()
+    if found:
+        ownership.release(wanted, node)
+        raise UsageError(_holds_a_run(wanted, found[0]))
+    return wanted, created
 
 
 def _claim_new(wanted: Path, exist_ok: bool) -> tuple[Path, bool]:
@@ -75,11 +119,11 @@ def _holds_a_run(run_dir: Path, found: Path) -> str:
 def _claim_resume(spec: RunSpec) -> RunSpec:
     epochs = spec.train_args.get("epochs") if "epochs" in spec.user_keys else None  # --resume RUN --epochs N
     resume_point(Path(spec.resume), epochs)  # a finished run, or nothing to resume: refused before anything is written
-    ownership.acquire(spec.run_dir)  # refuses a live run before anything in it is touched
+    ownership.acquire(spec.run_dir, spec.node)  # refuses a live run before anything in it is touched
     try:
         ckpt, note = resume_point(Path(spec.resume), epochs).take()
     except BaseException:
-        ownership.release(spec.run_dir)
+        ownership.release(spec.run_dir, spec.node)
         raise
     return spec.with_changes(resume=str(ckpt), model=str(ckpt), notes=spec.notes + ((note,) if note else ()))
 
@@ -112,6 +156,8 @@ def tidy_unstarted_run(spec: RunSpec, started: float) -> None:
 def remove_fresh_run(spec: RunSpec) -> None:
     """After a usage error before training: remove the run directory if this run created it and it holds no weights."""
     run_dir = Path(spec.run_dir)
-    if not spec.created or any(RunPaths(run_dir).weights.glob("*.pt")) or ownership.holder(run_dir):
+    holders = [ownership.holder(run_dir, k) for k in [None, *RunPaths(run_dir, None).nodes()]]
+    held = any(pid is not None for pid in holders)
+    if not spec.created or any(RunPaths(run_dir).weights.glob("*.pt")) or held:
         return
     shutil.rmtree(run_dir, ignore_errors=True)

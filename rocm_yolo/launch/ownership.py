@@ -12,6 +12,13 @@ other's checkpoints and delete each other's verified copies. So:
   the directory is touched. The kernel drops the lock when its holder dies, however it
   dies: a stale lock file from a dead supervisor is not a lock.
 
+On more than one machine the rule is one supervisor per node of a run: each node's supervisor
+holds its node's lock (``RUN/rocm_yolo/node-K/lock``) and shares the run's lock with the other
+nodes' (``LOCK_SH``), so a second supervisor for the same node is refused as above, and so is a
+supervisor on one machine while the nodes train (and the other way round). ``flock`` reaches
+across machines on the shared storage the run is on where that storage supports it (NFS does,
+through its byte-range locks).
+
 Within one process the lock is re-entrant (the Python API may prepare a run twice).
 """
 
@@ -25,7 +32,7 @@ from pathlib import Path
 from rocm_yolo.errors import SetupError, UsageError
 from rocm_yolo.run.paths import RunPaths
 
-_held: dict[Path, int] = {}  # run directory -> fd of the lock this process holds
+_held: dict[tuple[Path, int | None], tuple[int, ...]] = {}  # (run directory, node) -> fds of the locks held
 
 
 def _setup_error(what: str, path: Path, error: OSError) -> SetupError | UsageError:
@@ -65,60 +72,104 @@ def claim_run_dir(project: Path, name: str) -> Path:
             raise _setup_error("create the run directory", path, e) from None
 
 
-def holder(run_dir: str | os.PathLike) -> int | None:
-    """The PID written by the supervisor that holds ``run_dir``'s lock, if one holds it now."""
-    path = RunPaths(run_dir).lock
+def holder(run_dir: str | os.PathLike, node: int | None = None) -> int | None:
+    """The PID written by the supervisor that holds ``run_dir``'s lock (of ``node``), if one holds it now (0: held,
+    no PID written)."""
+    path = RunPaths(run_dir, node).lock
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if node is not None else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             text = os.pread(fd, 64, 0).decode(errors="replace").strip()
             return int(text) if text.isdigit() else 0
+        except OSError:  # no locks on this storage: no holder to name
+            return None
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
         os.close(fd)
 
 
-def acquire(run_dir: str | os.PathLike) -> None:
-    """Hold ``run_dir`` for this process, or raise :class:`UsageError` naming the holder."""
-    run_dir = Path(run_dir).resolve()
-    if run_dir in _held:
-        return
-    paths = RunPaths(run_dir)
+def _open_lock(run_dir: Path, node: int | None) -> int:
+    paths = RunPaths(run_dir, node)
     try:
-        paths.state.mkdir(parents=True, exist_ok=True)
-        fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        paths.node_dir.mkdir(parents=True, exist_ok=True)
+        return os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as e:
         raise _setup_error("write to", run_dir, e) from None
+
+
+def _in_use(run_dir: Path, fd: int, node: int | None) -> UsageError:
+    """Why the lock of ``run_dir`` (of ``node``) is refused: who holds it."""
+    text = os.pread(fd, 64, 0).decode(errors="replace").strip()
+    os.close(fd)
+    nodes = {k: holder(run_dir, k) for k in RunPaths(run_dir, None).nodes()} if node is None else {}
+    nodes = {k: pid for k, pid in nodes.items() if pid is not None}
+    if nodes:
+        who = ", ".join(f"node {k}" + (f" pid {pid}" if pid else "") for k, pid in nodes.items())
+        return UsageError(
+            f"{run_dir} is in use by the rocm-yolo supervisors of its nodes ({who}): wait for them to finish, or "
+            f"stop them first (rocm-yolo status {run_dir})"
+        )
+    who = f"pid {text}" if text.isdigit() else "another process"
+    mine = f" for node {node}" if node is not None else ""
+    return UsageError(
+        f"{run_dir} is in use by another rocm-yolo supervisor{mine} ({who}): two would overwrite each "
+        f"other's checkpoints; wait for it to finish, or stop it first (rocm-yolo status {run_dir})"
+    )
+
+
+def _no_locks(run_dir: Path, error: OSError) -> SetupError:
+    return SetupError(
+        f"cannot lock {run_dir} ({error.strerror or error}): its storage keeps no file locks (flock), which keep a "
+        "second supervisor out of a run; put the run on storage that does (NFS does; Lustre mounted with -o flock)"
+    )
+
+
+def acquire(run_dir: str | os.PathLike, node: int | None = None) -> None:
+    """Hold ``run_dir`` (as its ``node``, on more than one machine) for this process, or raise :class:`UsageError`
+    naming the holder."""
+    run_dir = Path(run_dir).resolve()
+    if (run_dir, node) in _held:
+        return
+    fd = _open_lock(run_dir, node)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        text = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        raise _in_use(run_dir, fd, node) from None
+    except OSError as e:
         os.close(fd)
-        who = f"pid {text}" if text.isdigit() else "another process"
-        raise UsageError(
-            f"{run_dir} is in use by another rocm-yolo supervisor ({who}): two would overwrite each "
-            f"other's checkpoints; wait for it to finish, or stop it first (rocm-yolo status {run_dir})"
-        ) from None
+        raise _no_locks(run_dir, e) from None
+    fds = (fd,)
+    if node is not None:  # the run's lock, shared with the other nodes' supervisors: no one-machine supervisor
+        shared = _open_lock(run_dir, None)
+        try:
+            fcntl.flock(shared, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise _in_use(run_dir, shared, None) from None
+        except OSError as e:
+            os.close(fd)
+            os.close(shared)
+            raise _no_locks(run_dir, e) from None
+        fds += (shared,)
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     except OSError:
         pass  # the lock itself holds; the PID is only for the message above
-    _held[run_dir] = fd
+    _held[(run_dir, node)] = fds
 
 
-def release(run_dir: str | os.PathLike) -> None:
-    """Let ``run_dir`` go (a no-op if this process does not hold it)."""
-    fd = _held.pop(Path(run_dir).resolve(), None)
-    if fd is not None:
+def release(run_dir: str | os.PathLike, node: int | None = None) -> None:
+    """Let ``run_dir`` (``node``'s share of it) go (a no-op if this process does not hold it)."""
+    for fd in _held.pop((Path(run_dir).resolve(), node), ()):
         os.close(fd)  # closing the last descriptor drops the flock
 
 
-def held(run_dir: str | os.PathLike) -> bool:
-    return Path(run_dir).resolve() in _held
+def held(run_dir: str | os.PathLike, node: int | None = None) -> bool:
+    return (Path(run_dir).resolve(), node) in _held

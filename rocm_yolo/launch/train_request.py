@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from rocm_yolo import environment
 from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
 from rocm_yolo.errors import UsageError
+from rocm_yolo.run.devices import Nodes
 from rocm_yolo.run.profiles import DEFAULT_PROFILE, PROFILES, parse_ladder
 from rocm_yolo.supervisor.config import DEFAULTS as WATCHDOG
 from rocm_yolo.supervisor.config import WatchdogConfig
@@ -155,6 +156,41 @@ class TrainRequest:
             metavar="CMD",
         ),
     )
+    nnodes: Any = field(
+        default=None,
+        metadata=_option(
+            "machines the run trains on, each running this command with its own --node-rank (default: 1, or "
+            "SLURM_NNODES); the batch is the global batch, divided by all GPUs of all nodes",
+            group="nodes",
+            metavar="N",
+        ),
+    )
+    node_rank: Any = field(
+        default=None,
+        metadata=_option(
+            "this machine's number, 0 to N-1 (default: SLURM_NODEID); its files go to RUN/rocm_yolo/node-K/",
+            group="nodes",
+            metavar="K",
+        ),
+    )
+    rdzv_endpoint: Any = field(
+        default=None,
+        metadata=_option(
+            "where the nodes meet (torch's c10d rendezvous), the same on every node (default: MASTER_ADDR:"
+            "MASTER_PORT, else SLURM's first host and a port from SLURM_JOB_ID)",
+            group="nodes",
+            metavar="HOST:PORT",
+        ),
+    )
+    rdzv_timeout: Any = field(
+        default=None,
+        metadata=_option(
+            "how long the nodes wait for each other at the rendezvous, at the start and after a failure; a node "
+            "that does not come within it ends the run (default: 10m)",
+            group="nodes",
+            metavar="SECONDS",
+        ),
+    )
     overrides: Mapping[str, Any] = field(default_factory=dict)  # KEY=VALUE: Ultralytics train args, loader settings
 
     @classmethod
@@ -185,6 +221,12 @@ class TrainRequest:
     @property
     def resuming(self) -> bool:
         return self.resume is not None and self.resume is not False
+
+    def nodes(self, env: Mapping[str, str] = os.environ) -> Nodes | None:
+        """The machines this request trains on (None: this one alone), from the node flags, else SLURM's variables."""
+        from rocm_yolo.launch.cluster import resolve
+
+        return resolve(self.nnodes, self.node_rank, self.rdzv_endpoint, self.rdzv_timeout, env)
 
     def watchdog_config(self) -> WatchdogConfig:
         """The watchdog this request asks for (:class:`WatchdogConfig`'s defaults where it says nothing)."""
@@ -244,7 +286,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="dataset YAML (for a -cls model: a directory of class folders), or 'demo' for the built-in demo set",
     )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="Ultralytics train arguments")
-    groups = {"train": parser, "watchdog": parser.add_argument_group("watchdog")}
+    groups = {
+        "train": parser,
+        "watchdog": parser.add_argument_group("watchdog"),
+        "nodes": parser.add_argument_group("more than one machine (docs/multi-gpu.md)"),
+    }
     for f in fields(TrainRequest):
         if "argparse" not in f.metadata:
             continue

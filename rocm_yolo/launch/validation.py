@@ -20,7 +20,8 @@ from rocm_yolo.launch.data_path import default_model, resolve_data
 from rocm_yolo.launch.demo import DEMO_DEFAULTS
 from rocm_yolo.launch.resume_target import find_resume, run_args
 from rocm_yolo.launch.train_request import ULTRALYTICS_FLAGS, TrainRequest
-from rocm_yolo.run import devices
+from rocm_yolo.run import checkpoints, devices
+from rocm_yolo.run.devices import Nodes
 from rocm_yolo.run.interval import DEFAULT_CHECKPOINT_INTERVAL, CheckpointInterval, parse_interval
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.profiles import DEFAULT_PROFILE, LOADER_KEYS, resolve
@@ -43,19 +44,26 @@ def check_name(name: str) -> str:
     return name
 
 
-def check_devices(device: object, batch: object, batch_source: str = "given") -> None:
-    """GPUs the machine has, each named once, and on several (one DDP rank each) a batch that divides by their
-    number: the batch given, Ultralytics' default, or on a resume the run's own (``batch_source``; a resume keeps
-    its run's global batch, None: unknown)."""
+def check_devices(device: object, batch: object, batch_source: str = "given", nodes: Nodes | None = None) -> None:
+    """GPUs the machine has, each named once, and on several (one DDP rank each, on each of ``nodes``) a batch that
+    divides by their number: the batch given, Ultralytics' default, or on a resume the run's own (``batch_source``;
+    a resume keeps its run's global batch, None: unknown)."""
     why = devices.check_list(device)
     if why is not None:
         raise UsageError(why)
     ids = devices.gpu_ids(device)
+    if nodes is not None and not ids:
+        shown = f"--device {device}" if device not in (None, "") else "no --device"
+        raise UsageError(
+            f"{shown}: on more than one machine give the GPU ids of this node, e.g. --device 0,1 (one rank each; "
+            "each node names its own)"
+        )
     if len(set(ids)) != len(ids):
         raise UsageError(f"--device {device}: a GPU is named twice; name each once, e.g. --device {ids[0]}")
     if batch is None and batch_source == "default":
         batch = ucfg.default("batch")
-    why = devices.check_batch(batch, ids, batch_source) if batch is not None else None
+    count = nodes.count if nodes is not None else 1
+    why = devices.check_batch(batch, ids, batch_source, count) if batch is not None else None
     if why is not None:
         raise UsageError(why)
     _check_gpus_exist(device, ids)
@@ -165,12 +173,12 @@ class Sorted:
             raise UsageError(f"--model {name}: give a .pt checkpoint or a .yaml model definition (e.g. yolo26n.yaml)")
         return name
 
-    def carry(self, run_dir: Path) -> RunSpec | None:
+    def carry(self, run_dir: Path, node: int | None = None) -> RunSpec | None:
         """Take over what the user set for the run in ``run_dir`` and does not give again (:func:`carry_over`);
-        the run's newest spec."""
-        previous = latest_spec(run_dir)
+        the run's newest spec (this node's, on more than one machine)."""
+        previous = _previous_spec(run_dir, node)
         if previous is None:
-            written = RunPaths(run_dir).specs()
+            written = RunPaths(run_dir, node).specs()
             if written:  # e.g. by another rocm-yolo version: say so rather than drop the run's settings silently
                 self.notes.append(
                     f"the run's settings in {written[-1].name} cannot be read (written by another rocm-yolo "
@@ -193,6 +201,15 @@ class Sorted:
         return previous
 
 
+def _previous_spec(run_dir: Path, node: int | None) -> RunSpec | None:
+    """A resumed run's newest spec: this node's, else the run's on one machine, else its nodes' (the first found)."""
+    for candidate in ([node] if node is not None else []) + [None] + RunPaths(run_dir, None).nodes():
+        found = latest_spec(run_dir, candidate)
+        if found is not None:
+            return found
+    return None
+
+
 def make_spec(request: TrainRequest) -> RunSpec:
     """Validate everything the user gave and return the spec of the first attempt, unclaimed.
 
@@ -201,6 +218,7 @@ def make_spec(request: TrainRequest) -> RunSpec:
     on; for a resume it is the run's own directory and ``resume`` the checkpoint named (or the
     run's ``last.pt``), from which ``claim`` chooses the newest valid one.
     """
+    nodes = request.nodes()  # more than one machine: the flags, else SLURM's variables
     req = Sorted.of(request)
     model_name = req.model_name(request.resuming)
     task = task_for_model(model_name) if model_name else None
@@ -208,8 +226,8 @@ def make_spec(request: TrainRequest) -> RunSpec:
     project_dir = Path(req.flags["project"] or (Path("runs") / task if task else Path("runs"))).expanduser().resolve()
     run_name = check_name(str(req.flags["name"] or "train"))
     if request.resuming:
-        return _resumed_run(req, request.resume, project_dir)
-    return _new_run(req, model_name, task, project_dir / run_name)
+        return _resumed_run(req, request.resume, project_dir, nodes)
+    return _new_run(req, model_name, task, project_dir / run_name, nodes)
 
 
 def _finish(
@@ -223,6 +241,7 @@ def _finish(
     resume: str | None = None,
     attempt: int = 1,
     saved: dict | None = None,
+    nodes: Nodes | None = None,
 ) -> RunSpec:
     """The spec: the profile resolved with the request's workers and loader settings, the flags as train args
     (``saved``: a resumed run's own train arguments, which the resume keeps unless the request gives others)."""
@@ -235,7 +254,7 @@ def _finish(
         batch, source = train_args.get("batch"), "given"
     else:
         batch, source = (saved or {}).get("batch"), ("run" if resume is not None else "default")
-    check_devices(train_args.get("device"), batch, source)
+    check_devices(train_args.get("device"), batch, source, nodes)
     effective = {**(saved or {}), **train_args}  # what Ultralytics trains with (a resume: the run's, changed)
     if ram_cache.wants_ram(effective) and task is not None:
         imgsz = int(effective.get("imgsz") or ucfg.default("imgsz"))
@@ -259,10 +278,11 @@ def _finish(
         attempt=attempt,
         workers_requested=resolved.requested_workers,
         notes=tuple(list(resolved.warnings) + req.notes),
+        nodes=nodes,
     )
 
 
-def _new_run(req: Sorted, model: str, task: str, run_dir: Path) -> RunSpec:
+def _new_run(req: Sorted, model: str, task: str, run_dir: Path, nodes: Nodes | None = None) -> RunSpec:
     if not req.data:
         raise UsageError(
             "DATA is required: a dataset YAML (a directory of class folders for a classification model), "
@@ -274,7 +294,9 @@ def _new_run(req: Sorted, model: str, task: str, run_dir: Path) -> RunSpec:
         for key, value in DEMO_DEFAULTS.items():
             if req.flags.get(key) is None and key not in req.extra:
                 req.extra[key] = value
-    return _finish(req, data_path=data_path, model=model, run_dir=run_dir, train_args={"data": data_path}, task=task)
+    return _finish(
+        req, data_path=data_path, model=model, run_dir=run_dir, train_args={"data": data_path}, task=task, nodes=nodes
+    )
 
 
 # What a resume honours besides Ultralytics' own whitelist: rocm-yolo sets these on the trainer itself
@@ -299,11 +321,16 @@ def _refuse_what_a_resume_drops(req: Sorted, last: Path) -> None:
         )
 
 
-def _resumed_run(req: Sorted, resume: str | bool, project_dir: Path) -> RunSpec:
+def _resumed_run(req: Sorted, resume: str | bool, project_dir: Path, nodes: Nodes | None = None) -> RunSpec:
     last = find_resume(resume, project_dir)
     _refuse_what_a_resume_drops(req, last)
     run_dir = last.parent.parent
-    previous = req.carry(run_dir)
+    if nodes is not None and checkpoints.is_mid_checkpoint(last):
+        raise UsageError(
+            f"--resume {resume}: on more than one machine every node resumes from the run's newest checkpoint, the "
+            f"one they all see: resume with --resume {run_dir}"
+        )
+    previous = req.carry(run_dir, nodes.node if nodes is not None else None)
     if req.data:
         # the task from the checkpoint; before the first one, from the model the run was started with
         model_for_task = last if last.exists() or previous is None else previous.model
@@ -327,6 +354,7 @@ def _resumed_run(req: Sorted, resume: str | bool, project_dir: Path) -> RunSpec:
         train_args=train_args,
         task=task_for_model(last if last.exists() or previous is None else previous.model),
         resume=str(last),
-        attempt=next_attempt(run_dir),
+        attempt=next_attempt(run_dir, nodes.node if nodes is not None else None),
         saved=saved,
+        nodes=nodes,
     )

@@ -36,19 +36,29 @@ def _sync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _replace(tmp: Path, path: Path, write: Callable[[BinaryIO], object], durable: bool) -> None:
+def _replace(
+    tmp: Path,
+    path: Path,
+    write: Callable[[BinaryIO], object],
+    durable: bool,
+    accept: Callable[[Path], bool] | None = None,
+) -> bool:
     try:
         with open(tmp, "wb") as f:
             write(f)
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
+        if accept is not None and not accept(tmp):
+            tmp.unlink(missing_ok=True)
+            return False
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     if durable:
         _sync_dir(path.parent)
+    return True
 
 
 def write_atomic(
@@ -65,15 +75,22 @@ def write_atomic(
     _replace(temporary(path), path, write, durable)
 
 
-def copy_atomic(src: str | os.PathLike, dst: str | os.PathLike, *, durable: bool = False) -> None:
-    """Copy ``src`` to ``dst`` atomically (``durable``: fsynced)."""
+def copy_atomic(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    *,
+    durable: bool = False,
+    accept: Callable[[Path], bool] | None = None,
+) -> bool:
+    """Copy ``src`` to ``dst`` atomically (``durable``: fsynced). With ``accept``, the copy replaces ``dst`` only if
+    ``accept(the temporary copy)`` holds (what is checked is then exactly what ``dst`` gets); whether it did."""
     dst = Path(dst)
 
     def copy(fout: BinaryIO) -> None:
         with open(src, "rb") as fin:
             shutil.copyfileobj(fin, fout, 1 << 20)
 
-    _replace(temporary(dst), dst, copy, durable)
+    return _replace(temporary(dst), dst, copy, durable, accept)
 
 
 def replace_durably(tmp: str | os.PathLike, path: str | os.PathLike) -> None:

@@ -153,13 +153,11 @@ def verify(path: str | os.PathLike) -> str | None:
 
 
 def keep_good_copy(last: str | os.PathLike) -> Path | None:
-    """Verify ``last`` and copy it atomically to ``last_good.pt`` beside it; return the copy."""
+    """Copy ``last`` atomically to ``last_good.pt`` beside it if the copy verifies (the bytes checked are the bytes
+    kept, whatever happens to ``last`` meanwhile); the copy, or None (the previous one is kept)."""
     last = Path(last)
-    if verify(last) is not None:
-        return None
     good = last.with_name(GOOD_NAME)
-    copy_atomic(last, good, durable=True)
-    return good
+    return good if copy_atomic(last, good, durable=True, accept=lambda tmp: verify(tmp) is None) else None
 
 
 def find_latest(project: str | os.PathLike) -> Path | None:

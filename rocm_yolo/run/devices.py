@@ -1,17 +1,33 @@
-"""The GPUs of a run, read from its ``device`` argument without torch: one, or several (Ultralytics' DDP).
+"""The GPUs and machines of a run, read without torch: one GPU, several (Ultralytics' DDP), several machines.
 
 ``--device 0,1`` trains on two GPUs: rocm-yolo's training child becomes a launcher that
 starts one rank per GPU with ``torch.distributed.run``, as Ultralytics does, and each rank is
 a training child of its own (:mod:`rocm_yolo.trainer.agent.launcher`). A rank knows itself by the
 variables that launcher sets (:data:`rocm_yolo.environment.RANK` and its neighbours).
+
+On more than one machine each node runs that launch with torch's c10d rendezvous, and
+:class:`Nodes` (in the spec) says how many nodes there are, which one this is (rocm-yolo's own
+node id: the rendezvous assigns torch's group ranks in an order of its own), where they meet and in
+which **round**. A round is one meeting of every node at the rendezvous: the nodes meet again in a new
+round after any failure. :class:`Round` (``RUN/rocm_yolo/round.json``, on the storage every node sees)
+is the round every node agrees on and the loader profile it trains on: :func:`join_round` gives a
+node the round the others wait in, or opens the next one; :func:`mark_round_started` closes it to
+latecomers once its ranks run.
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+from dataclasses import asdict, dataclass, fields
 from typing import Mapping
 
 from rocm_yolo import environment
+from rocm_yolo.run.atomic import write_atomic
+from rocm_yolo.run.paths import RunPaths
+
+DEFAULT_RENDEZVOUS_TIMEOUT = 600.0  # seconds the nodes wait for each other at the rendezvous (--rdzv-timeout)
 
 
 def devices_named(device: object) -> list[str]:
@@ -45,9 +61,15 @@ def check_list(device: object) -> str | None:
     )
 
 
-def world_size(train_args: Mapping[str, object]) -> int:
-    """How many ranks a run with these train arguments trains on: the GPU ids of ``device``, at least 1."""
-    return max(len(gpu_ids(train_args.get("device"))), 1)
+def world_size(train_args: Mapping[str, object], nodes: "Nodes | None" = None) -> int:
+    """How many ranks a run with these train arguments trains on: the GPU ids of ``device`` (at least 1), on
+    every node of ``nodes``."""
+    return max(len(gpu_ids(train_args.get("device"))), 1) * (nodes.count if nodes else 1)
+
+
+def launches_ranks(train_args: Mapping[str, object], nodes: "Nodes | None" = None) -> bool:
+    """Whether the training child launches ranks with ``torch.distributed.run``: several GPUs, or several nodes."""
+    return nodes is not None or world_size(train_args) > 1
 
 
 def rank(environ: Mapping[str, str] = os.environ) -> int | None:
@@ -60,21 +82,30 @@ def rank(environ: Mapping[str, str] = os.environ) -> int | None:
         return None
 
 
-def check_batch(batch: object, ids: list[str], source: str = "given") -> str | None:
-    """Why ``batch`` cannot be split across the GPUs ``ids`` (Ultralytics gives each rank batch // N), or None.
-    ``source``: where the batch comes from, which the message says: ``given`` (the user's), ``default``
-    (Ultralytics'), ``run`` (the resumed run's own, which a resume keeps)."""
-    n = len(ids)
+def local_rank(environ: Mapping[str, str] = os.environ) -> int | None:
+    """This process's rank among its node's ranks when ``torch.distributed.run`` started it, else None."""
+    try:
+        return int(environ[environment.LOCAL_RANK])
+    except (KeyError, ValueError):
+        return None
+
+
+def check_batch(batch: object, ids: list[str], source: str = "given", nodes: int = 1) -> str | None:
+    """Why ``batch`` cannot be split across the GPUs ``ids`` of each of ``nodes`` machines (Ultralytics gives each
+    rank batch // N), or None. ``source``: where the batch comes from, which the message says: ``given`` (the
+    user's), ``default`` (Ultralytics'), ``run`` (the resumed run's own, which a resume keeps)."""
+    n = len(ids) * nodes
     if n < 2:
         return None
     value = batch
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # batch=8.0 is 8, as --batch reads it
     example = f"batch={n * 8}"
+    gpus = f"--device {','.join(ids)}" + (f" on each of {nodes} nodes" if nodes > 1 else "")
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         return (
             f"batch={value}: AutoBatch and fractions work on one GPU only (Ultralytics); on the {n} GPUs of "
-            f"--device {','.join(ids)} give a batch that divides by {n}, e.g. {example}"
+            f"{gpus} give a batch that divides by {n}, e.g. {example}"
         )
     if value % n:
         what = {"default": f"the default batch {value}", "run": f"the run's batch {value}"}.get(
@@ -84,8 +115,87 @@ def check_batch(batch: object, ids: list[str], source: str = "given") -> str | N
         if source == "run":  # the global batch stays the run's: a number of GPUs it divides by, or a new batch
             fits = [k for k in range(2, value + 1) if value % k == 0][:3]
             fix = f"resume on {' or '.join(map(str, fits)) if fits else 'one'} GPU(s), or give --batch {n * 8}"
-        return (
-            f"{what} does not divide by the {n} GPUs of --device {','.join(ids)} (each rank trains batch/{n} "
-            f"images): {fix}"
-        )
+        return f"{what} does not divide by the {n} GPUs of {gpus} (each rank trains batch/{n} images): {fix}"
     return None
+
+
+# --------------------------------------------------------------------------- more than one machine
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """The machines of a multi-node run, as one node's spec says them."""
+
+    count: int  # how many nodes (--nnodes, SLURM_NNODES)
+    node: int  # rocm-yolo's id of this node, 0..count-1 (--node-rank, SLURM_NODEID): its files are node-K/
+    endpoint: str  # HOST:PORT of torch's c10d rendezvous (--rdzv-endpoint; SLURM: first host, port from the job)
+    timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT  # seconds to wait for the other nodes there (--rdzv-timeout)
+    source: str = "flags"  # where the job came from, for the header: flags, SLURM
+    round: int = 1  # the round of the rendezvous this attempt joins (:class:`Round`)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Nodes":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def describe(self) -> str:
+        return f"node {self.node} of {self.count}, rendezvous {self.endpoint} ({self.source}), round {self.round}"
+
+
+@dataclass(frozen=True)
+class Round:
+    """A meeting of every node at the rendezvous, and the loader profile its ranks train on."""
+
+    number: int
+    profile: str
+    started: bool = False  # its ranks run: a node that comes later meets the others in the next round
+
+
+def read_round(paths: RunPaths) -> Round | None:
+    """The round every node agrees on, as ``round.json`` says it; None when missing or unreadable."""
+    try:
+        data = json.loads(paths.round.read_text())
+        found = Round(int(data["number"]), str(data["profile"]), bool(data.get("started", False)))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return found if found.number >= 1 else None
+
+
+class _RoundLock:
+    """``round.lock`` held (flock): one node at a time reads and moves the round."""
+
+    def __init__(self, paths: RunPaths):
+        self.paths = paths
+
+    def __enter__(self) -> "_RoundLock":
+        self.paths.state.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.paths.round_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except OSError:  # storage without locks (Lustre without -o flock): the writes are atomic all the same
+            pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)
+
+
+def join_round(paths: RunPaths, profile: str, after: int | None = None) -> Round:
+    """The round this node joins: the one the other nodes wait in (opened, not started, later than ``after``),
+    else a new one after every round so far, on ``profile``. ``after``: the round this node's last attempt
+    failed in (a watchdog restart), None for a first attempt or a user's resume."""
+    with _RoundLock(paths):
+        found = read_round(paths)
+        if found is not None and not found.started and found.number > (after or 0):
+            return found
+        opened = Round(max(found.number if found else 0, after or 0) + 1, profile)
+        write_atomic(paths.round, json.dumps(asdict(opened)))
+        return opened
+
+
+def mark_round_started(paths: RunPaths, number: int) -> None:
+    """Round ``number``'s ranks run: a node that joins now opens the next round instead."""
+    with _RoundLock(paths):
+        found = read_round(paths)
+        if found is not None and found.number == number and not found.started:
+            write_atomic(paths.round, json.dumps(asdict(Round(found.number, found.profile, True))))

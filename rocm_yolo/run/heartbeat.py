@@ -9,8 +9,8 @@ Three kinds of line go down the pipe the supervisor gave the child
   new sequence number", whatever the clocks say;
 - a **position line** (:func:`position_line`, ``P seq epoch batch total time``): a training batch
   finished between two records, in a few bytes;
-- on several GPUs, a rank's **exit line** (:func:`exit_line`, ``X RANK CODE``), its last, which the
-  launcher keeps rather than relays.
+- on several GPUs, a rank's **start line** (:func:`start_line`, ``S RANK``), its first, and its **exit
+  line** (:func:`exit_line`, ``X RANK CODE``), its last, which the launcher keeps rather than relays.
 
 The writer is :mod:`rocm_yolo.trainer.callbacks.heartbeat_writer` (Ultralytics callbacks), the pipe's
 reader :class:`rocm_yolo.supervisor.trainer_process.PipeReader`, the ranks' relay
@@ -45,6 +45,12 @@ class Heartbeat:
     time: float  # wall clock of the write
     started: float  # wall clock when this attempt started
     rank: int = 0  # the DDP rank that wrote it (0 on one GPU); rank 0 speaks for the run
+    local_rank: int = 0  # its rank among its node's ranks: local rank 0 speaks for its node to the node's supervisor
+
+    @property
+    def lead(self) -> bool:
+        """Whether it speaks for its node (the run, on one machine): where it is, what a restart trains again."""
+        return self.local_rank == 0
 
 
 _TYPES = {f.name: (float if f.type == "float" else int if f.type == "int" else str) for f in fields(Heartbeat)}
@@ -59,6 +65,7 @@ def parse(text: str | bytes) -> Heartbeat | None:
     if not isinstance(data, dict):
         return None
     data.setdefault("rank", 0)  # a record of a version before multi-GPU runs
+    data.setdefault("local_rank", data["rank"])  # a record of a version before multi-node runs
     if set(data) != set(_TYPES):
         return None
     for key, kind in _TYPES.items():
@@ -87,6 +94,14 @@ def apply_position(last: Heartbeat, text: str) -> Heartbeat | None:
     if len(parts) != 6 or parts[0] != POSITION_PREFIX.strip():
         return None
     return replace(last, seq=seq, phase="train", epoch=epoch, batch=batch, batches_total=total, time=wall, step_max=0.0)
+
+
+START_PREFIX = "S "  # on several GPUs, a rank's first line: "S RANK" (the ranks of this node run)
+
+
+def start_line(rank: int) -> str:
+    """A rank's first line down the launcher's FIFO: it runs (on more than one machine: the nodes met)."""
+    return f"{START_PREFIX}{rank}"
 
 
 EXIT_PREFIX = "X "  # on several GPUs, a rank's last line: "X RANK CODE"

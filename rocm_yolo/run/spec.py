@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run.atomic import write_atomic
+from rocm_yolo.run.devices import Nodes
 from rocm_yolo.run.interval import DEFAULT_CHECKPOINT_INTERVAL
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.profiles import LOADER_KEYS, LoaderSettings, resolve
@@ -37,10 +38,16 @@ class RunSpec:
     workers_requested: int | None = None  # what the user asked for, before a profile's cap or divisor
     notes: tuple[str, ...] = ()  # lines for the header (e.g. warnings from resolving the profile)
     created: bool = False  # this run created its directory (clean-up after a usage error touches only such a one)
+    nodes: Nodes | None = None  # on more than one machine: the nodes, this one's id, the rendezvous and its round
+
+    @property
+    def node(self) -> int | None:
+        """rocm-yolo's id of this node on more than one machine, else None."""
+        return self.nodes.node if self.nodes is not None else None
 
     @property
     def paths(self) -> RunPaths:
-        return RunPaths(self.run_dir)
+        return RunPaths(self.run_dir, self.node)
 
     @property
     def extended_epochs(self) -> int | None:
@@ -64,6 +71,7 @@ class RunSpec:
         d["loader"] = LoaderSettings.from_dict({k: v for k, v in d["loader"].items() if k in loader_names})
         d["user_keys"] = tuple(d.get("user_keys", ()))
         d["notes"] = tuple(d.get("notes", ()))
+        d["nodes"] = Nodes.from_dict(d["nodes"]) if d.get("nodes") else None
         return cls(**d)
 
     def save(self) -> Path:
@@ -78,9 +86,10 @@ class RunSpec:
         return cls.from_json(Path(path).read_text())
 
 
-def latest_spec(run_dir: str | os.PathLike) -> RunSpec | None:
-    """The spec of the newest attempt recorded in ``run_dir``, if rocm-yolo made that run and it can be read."""
-    for path in reversed(RunPaths(run_dir).specs()):
+def latest_spec(run_dir: str | os.PathLike, node: int | None = None) -> RunSpec | None:
+    """The spec of the newest attempt recorded in ``run_dir`` (by ``node``, on more than one machine), if rocm-yolo
+    made that run and it can be read."""
+    for path in reversed(RunPaths(run_dir, node).specs()):
         try:
             return RunSpec.load(path)
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
@@ -88,10 +97,10 @@ def latest_spec(run_dir: str | os.PathLike) -> RunSpec | None:
     return None
 
 
-def next_attempt(run_dir: str | os.PathLike) -> int:
-    """The number of the next attempt in ``run_dir``: after every spec file there, readable or not
-    (a new attempt never overwrites another's spec, crash or stack files)."""
-    specs = RunPaths(run_dir).specs()
+def next_attempt(run_dir: str | os.PathLike, node: int | None = None) -> int:
+    """The number of the next attempt in ``run_dir`` (of ``node``, on more than one machine): after every spec file
+    there, readable or not (a new attempt never overwrites another's spec, crash or stack files)."""
+    specs = RunPaths(run_dir, node).specs()
     return int(specs[-1].stem[len("spec-") :]) + 1 if specs else 1
 
 

@@ -202,17 +202,23 @@ class _Scalars:  # the plain fields of SupervisorState, as from_dict checks them
     updated: float
 
 
-def write_state(run_dir: str | os.PathLike, state: SupervisorState) -> None:
-    """Write ``state`` as the run's; OSError when the disk refuses (the caller decides)."""
-    paths = RunPaths(run_dir)
-    paths.state.mkdir(parents=True, exist_ok=True)
+def _paths(run: str | os.PathLike | RunPaths) -> RunPaths:
+    return run if isinstance(run, RunPaths) else RunPaths(run)
+
+
+def write_state(run: str | os.PathLike | RunPaths, state: SupervisorState) -> None:
+    """Write ``state`` as the run's (a run directory, or a node's :class:`RunPaths`); OSError when the disk refuses
+    (the caller decides)."""
+    paths = _paths(run)
+    paths.node_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(paths.supervisor, json.dumps(state.to_dict()))
 
 
-def read_state(run_dir: str | os.PathLike) -> SupervisorState | None:
-    """``supervisor.json`` of ``run_dir``, or None if missing, unreadable or badly typed."""
+def read_state(run: str | os.PathLike | RunPaths) -> SupervisorState | None:
+    """``supervisor.json`` of a run directory (or of a node's :class:`RunPaths`), or None if missing, unreadable or
+    badly typed."""
     try:
-        data = json.loads(RunPaths(run_dir).supervisor.read_text())
+        data = json.loads(_paths(run).supervisor.read_text())
     except (OSError, ValueError):
         return None
     return SupervisorState.from_dict(data)

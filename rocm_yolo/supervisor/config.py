@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run.profiles import DEFAULT_LADDER
+from rocm_yolo.run.supervisor_state import WatchdogSettings
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class WatchdogConfig:
                 raise UsageError("--stall-timeout and --startup-grace must be > 0 seconds (a finite number)")
         if self.notify is not None and not isinstance(self.notify, str):
             raise UsageError(f"notify={self.notify!r} must be a shell command (a string)")
+
+    def settings(self) -> WatchdogSettings:
+        """What supervisor.json records of these settings (``status`` judges a stall as this watchdog would)."""
+        return WatchdogSettings(self.enabled, self.stall_timeout, self.step_multiplier, self.startup_grace)
 
 
 DEFAULTS = WatchdogConfig()

@@ -34,7 +34,6 @@ from rocm_yolo.run.supervisor_state import (
     Recovery,
     State,
     SupervisorState,
-    WatchdogSettings,
     read_state,
     write_state,
 )
@@ -43,7 +42,7 @@ from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.diagnosis import GPU_CLASSES, diagnose
 from rocm_yolo.supervisor.evidence import Machine
 from rocm_yolo.supervisor.reporting import Reporter
-from rocm_yolo.supervisor.restart import environment_error, last_loadable, next_spec, tidy_finished
+from rocm_yolo.supervisor.restart import environment_error, last_loadable, next_spec, resume_command, tidy_finished
 from rocm_yolo.supervisor.signals import Signals
 from rocm_yolo.supervisor.stall import StallDetector, ranks_heard
 from rocm_yolo.supervisor.states import EXIT_STATES, RUN_EXIT, RunResult
@@ -82,13 +81,13 @@ class Supervisor:
         self.log = log or RunLog(spec.paths.log, spec.paths.events)
         self.user_resume = user_resume
         self.signals = Signals(stop_self) if stop_self else Signals()
-        self.result = RunResult(state=State.RUNNING, exit_code=errors.FAILED, run_dir=spec.run_dir)
+        self.result = RunResult(state=State.RUNNING, exit_code=errors.FAILED, run_dir=spec.run_dir, node=spec.node)
         self.started_wall = time.time()
         self._recovering_since: float | None = None
         self._failed_at = 0.0  # when the last attempt was found stalled or crashed (clock)
         self._state_error = False
         self.work = WorkLost()
-        self.reporter = Reporter(spec.run_dir, config, self.log, clock)
+        self.reporter = Reporter(spec.paths, config, self.log, clock)
         self.machine = machine  # read before the first attempt: the VRAM in use without this run
         self.gpu_wait = gpu_wait or self._wait_released
         self.failures: list[Failure] = []  # this run's, diagnosed (a resumed run's earlier ones are history)
@@ -97,7 +96,7 @@ class Supervisor:
         self._detected: dict = {}  # the newest failure as noticed: when, where, the exit code, the stderr
         self._attempt_began = time.time()
         self._failed_pids: list[int] = []
-        previous = read_state(spec.run_dir) if user_resume else None
+        previous = read_state(spec.paths) if user_resume else None
         self._earlier_failures = list(previous.failures) if previous else []  # kept in supervisor.json
         if previous:  # a resumed run keeps its history of hangs and restarts
             self.result.hangs = list(previous.hangs)
@@ -187,6 +186,9 @@ class Supervisor:
             return self._interrupted(spec)
         if outcome in (State.USAGE_ERROR, State.INTERNAL_ERROR):
             return self._finish(outcome, spec)
+        if outcome == State.FAILED:  # more than one machine: a node did not come back (the child's line names it)
+            self.result.detail = "a node did not come to the rendezvous"
+            return self._finish(State.FAILED, spec)
         if outcome == State.SETUP_FAILED:
             self._say_what_is_kept(spec)
             self.result.detail = environment_error(spec)  # status says why (a full disk mid-training, say)
@@ -261,7 +263,7 @@ class Supervisor:
             # and an attempt may train its first batch and finish (or crash) between two polls
             for beat in child.heartbeats():
                 progress = detector.observe(beat, now)  # any rank's progress is the run's
-                if beat.rank:  # rank 0 speaks for the run: where it is, what a restart trains again
+                if not beat.lead:  # (local) rank 0 speaks for the run: where it is, what a restart trains again
                     continue
                 hb = beat
                 if progress:
@@ -446,7 +448,7 @@ class Supervisor:
         if found is not None and found.finished_for(spec.extended_epochs):  # the stop came in the end of training
             return self._stopped_after_training(spec, code)
         if paths.last.exists() or paths.mid_checkpoints():
-            self.log.info(f"resume with: rocm-yolo train --resume {paths.last}")
+            self.log.info(f"resume with: {resume_command(spec)}")
         return self._finish(State.INTERRUPTED, spec, code)
 
     def _stopped_after_training(self, spec: RunSpec, code: int) -> RunResult:
@@ -477,17 +479,12 @@ class Supervisor:
             detail=self.result.detail,
             started=self.started_wall,
             updated=time.time(),
-            watchdog=WatchdogSettings(
-                enabled=self.config.enabled,
-                stall_timeout=self.config.stall_timeout,
-                step_multiplier=self.config.step_multiplier,
-                startup_grace=self.config.startup_grace,
-            ),
+            watchdog=self.config.settings(),
             failures=self._earlier_failures + self.failures,
             verdict=self.result.verdict,
         )
         try:
-            write_state(spec.run_dir, record)
+            write_state(spec.paths, record)
         except OSError as e:  # bookkeeping must never stop the supervisor; say it once
             if not self._state_error:
                 self._state_error = True

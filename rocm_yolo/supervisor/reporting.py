@@ -35,9 +35,9 @@ METRICS_EVERY = 5.0  # seconds between two writes of metrics.prom while nothing 
 
 
 class Reporter:
-    def __init__(self, run_dir: str, config: WatchdogConfig, log: RunLog, clock=time.monotonic):
-        self.run = str(Path(run_dir).resolve())
-        self.paths = RunPaths(run_dir)
+    def __init__(self, paths: RunPaths, config: WatchdogConfig, log: RunLog, clock=time.monotonic):
+        self.run = str(Path(paths.run_dir).resolve())
+        self.paths = paths  # a node's, on more than one machine: its own metrics.prom
         self.config = config
         self.log = log
         self.clock = clock

@@ -4,7 +4,8 @@ States of an attempt::
 
     STARTING --first training batch--> HEALTHY --exit 0--> SUCCEEDED
        |  |                              |--no progress for the stall timeout--> STALLED
-       |  '--exit 2/3/4/123: USAGE_ERROR, ALREADY_FINISHED, SETUP_FAILED, INTERNAL_ERROR
+       |  '--exit 2/3/4/123: USAGE_ERROR, ALREADY_FINISHED, SETUP_FAILED, INTERNAL_ERROR; 5: FAILED (a node
+       |     of a multi-node run did not come to the rendezvous)
        |                                 '--any other exit------------------------> CRASHED
        '--no heartbeat within the startup grace--> STALLED
     any state --SIGINT/SIGTERM/SIGHUP--> INTERRUPTED
@@ -32,6 +33,7 @@ EXIT_STATES = {
     errors.CHILD_FINISHED: State.ALREADY_FINISHED,
     errors.SETUP: State.SETUP_FAILED,
     errors.INTERNAL: State.INTERNAL_ERROR,
+    errors.NODES_MISSING: State.FAILED,  # a node did not come to the rendezvous: no restart meets it either
 }
 # How a run that ends in a state exits.
 RUN_EXIT = {
@@ -57,6 +59,11 @@ class RunResult:
     detail: str | None = None  # what else the end says (e.g. "the final validation was interrupted")
     failures: list = field(default_factory=list)  # [Failure], each diagnosed (supervisor.diagnosis)
     verdict: list | None = None  # why the run stopped without retrying, and the known fixes
+    node: int | None = None  # on more than one machine: the node this supervisor ran (its log is its own)
+
+    @property
+    def paths(self) -> RunPaths:
+        return RunPaths(self.run_dir, self.node)
 
     @property
     def last(self) -> Path:

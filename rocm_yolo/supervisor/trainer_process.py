@@ -18,7 +18,7 @@ from rocm_yolo import environment
 from rocm_yolo.process import tree
 from rocm_yolo.process.tee import Tee
 from rocm_yolo.run import heartbeat
-from rocm_yolo.run.devices import world_size
+from rocm_yolo.run.devices import launches_ranks
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.supervisor.config import WatchdogConfig
@@ -94,7 +94,7 @@ class PipeReader:
                 hb = heartbeat.parse(text)
             if hb is not None:
                 beats.append(hb)
-                if hb.rank == 0:  # only rank 0 sends position lines (the other ranks of a multi-GPU run do not)
+                if hb.lead:  # only local rank 0 sends position lines (the other ranks of a multi-GPU run do not)
                     self.last = hb
         return beats
 
@@ -118,6 +118,8 @@ class TrainerProcess:
         spec_path = spec.save()  # OSError (disk full, read-only): the caller stops the run
         env = dict(os.environ)
         env[environment.SUPERVISOR_PID] = str(os.getpid())
+        if spec.node is not None:  # more than one machine: every process of the tree writes into the node's folder
+            env[environment.NODE] = str(spec.node)
         read_end, write_end = os.pipe()
         err_read, err_write = os.pipe()
         env[environment.HEARTBEAT_FD] = str(write_end)
@@ -136,7 +138,7 @@ class TrainerProcess:
         self.beats = PipeReader(read_end)
         self.stderr = Tee(err_read, _stderr_fd(), spec.paths.child_stderr(spec.attempt))
         # on several GPUs the child launches the ranks, and they send the beats (their pids are theirs)
-        self.multi_gpu = world_size(spec.train_args) > 1
+        self.multi_gpu = launches_ranks(spec.train_args, spec.nodes)
         self.ranks: dict[int, Heartbeat] = {}  # each rank's newest record
 
     def poll(self) -> int | None:

@@ -3,7 +3,8 @@
 One variable, one grammar: ``ROCM_YOLO_FAULT=KIND[@WHERE][,KIND[@WHERE]...]``.
 
 Training faults, ``WHERE`` = ``EPOCH:BATCH[:RANK]`` (1-based; fired after that training batch,
-in rank ``RANK`` of a multi-GPU run; without it in whichever rank claims it first):
+in rank ``RANK`` of a multi-GPU run, or with ``nK`` in the first rank of rocm-yolo's node K of a
+multi-node run; without it in whichever rank claims it first):
 
 - ``worker-hang``: a DataLoader worker blocks forever in ``__getitem__`` (the trainer then
   waits forever for its batch, as in the users' hangs); without ``@`` from the first item.
@@ -50,8 +51,8 @@ from pathlib import Path
 from typing import Mapping
 
 from rocm_yolo.environment import FAULT as ENV
-from rocm_yolo.run.devices import rank
-from rocm_yolo.run.paths import RunPaths
+from rocm_yolo.run.devices import local_rank, rank
+from rocm_yolo.run.paths import RunPaths, node_from_environment
 
 TRAINING = ("worker-hang", "main-hang", "crash", "kill", "bug", "save-kill", "gpu-fault", "oom", "same-crash")
 EVERY_ATTEMPT = ("same-crash",)  # fires in every attempt that reaches it, not once per run
@@ -82,6 +83,13 @@ class Fault:
     where: str | None = None  # conv faults: the strategy; "setup" for bug@setup
     rank: int | None = None  # training faults of a multi-GPU run: the rank it fires in (None: any)
     nth: int = 0  # the kind's items before this one in the list: this one fires after they did
+    node: int | None = None  # ... of a multi-node run: the node whose first rank it fires in (``nK``)
+
+    def aimed_here(self) -> bool:
+        """Whether this process is the rank the fault aims at (any, when it names none)."""
+        if self.node is not None:
+            return self.node == node_from_environment() and not local_rank()
+        return self.rank in (None, rank() or 0)
 
 
 def parse(text: str | None) -> list[Fault]:
@@ -111,11 +119,20 @@ def parse(text: str | None) -> list[Fault]:
             out.append(Fault(kind, where="setup"))
         elif where:
             epoch, _, rest = where.partition(":")
-            batch, _, rank = rest.partition(":")
+            batch, _, aim = rest.partition(":")
+            node = aim[1:] if aim.startswith("n") else None
             try:
-                out.append(Fault(kind, int(epoch), int(batch or 1), rank=int(rank) if rank else None))
+                out.append(
+                    Fault(
+                        kind,
+                        int(epoch),
+                        int(batch or 1),
+                        rank=int(aim) if aim and node is None else None,
+                        node=int(node) if node is not None else None,
+                    )
+                )
             except ValueError:
-                raise ValueError(f"{ENV}: {item!r}: write {kind}@EPOCH:BATCH[:RANK], e.g. {kind}@2:1") from None
+                raise ValueError(f"{ENV}: {item!r}: write {kind}@EPOCH:BATCH[:RANK|:nNODE], e.g. {kind}@2:1") from None
         else:
             out.append(Fault(kind))
     return [replace(f, nth=sum(g.kind == f.kind for g in out[:i])) for i, f in enumerate(out)]
@@ -291,8 +308,8 @@ class Injector:
         self.faults = [
             f
             for f in faults
-            if f.kind in TRAINING + FINAL_VAL and f.kind != "save-kill" and f.rank in (None, self.rank)  # save-kill:
-        ]  # its writer
+            if f.kind in TRAINING + FINAL_VAL and f.kind != "save-kill" and f.aimed_here()  # save-kill: its writer
+        ]
         self.paths = paths
         self.batch = 0
         self.trigger = paths.fault_trigger_of(self.rank)  # this rank's workers watch it

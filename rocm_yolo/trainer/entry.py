@@ -77,11 +77,13 @@ def main(argv: list[str] | None = None) -> int:
         faulthandler.register(DUMP_SIGNAL, file=stack_file, all_threads=True, chain=False)
     except OSError as e:
         return _setup_failure(spec, log, e)
-    if rank is None and devices.world_size(spec.train_args) > 1:
-        return _launch(spec, argv[0], log)  # one rank per GPU; this process imports no torch
+    if rank is None and devices.launches_ranks(spec.train_args, spec.nodes):
+        return _launch(spec, argv[0], log)  # one rank per GPU (of each node); this process imports no torch
     signal.signal(signal.SIGTERM, _on_sigterm)
     if rank is None:
         return _train(spec, log)
+    if spec.nodes is not None and not devices.local_rank():  # the nodes met: a node that comes later meets them anew
+        _round_started(spec, log)
     from rocm_yolo.trainer.agent import ranks
 
     with ranks.reporting(rank) as report:
@@ -104,6 +106,15 @@ def _parent(rank: int | None) -> int:
     if rank is not None:
         return int(os.environ.get(environment.TORCHRUN_PID) or os.getppid())
     return int(os.environ.get(environment.SUPERVISOR_PID, "0") or 0)
+
+
+def _round_started(spec: RunSpec, log) -> None:
+    from rocm_yolo.run import devices
+
+    try:
+        devices.mark_round_started(spec.paths, spec.nodes.round)
+    except OSError as e:  # the run's shared folder refuses: the next failure may then wait longer at the rendezvous
+        log.info(f"cannot mark round {spec.nodes.round} started in {spec.paths.round} ({e.strerror or e})")
 
 
 def _launch(spec: RunSpec, spec_path: str, log) -> int:

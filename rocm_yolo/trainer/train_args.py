@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rocm_yolo.errors import UsageError
+from rocm_yolo.run import devices
 from rocm_yolo.run.atomic import write_atomic
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.midepoch import MidEpochState
@@ -38,7 +39,8 @@ def train_args(spec: RunSpec, presets: dict, log: RunLog, ckpt: dict | None = No
     position = MidEpochState.of(ckpt)  # a mid-epoch checkpoint: "epoch" is the last completed one (-1 in the first)
     if finished(epoch, target, position is not None):
         raise RunFinished(already_finished(spec.run_dir, epochs))
-    trim_results(spec.paths.results, spec.paths.results_backup, epoch + 1, log)
+    if not devices.rank():  # rank 0 writes results.csv (of every node's ranks, on several machines)
+        trim_results(spec.paths.results, spec.paths.results_backup, epoch + 1, log)
     changed = [f"{k} {saved.get(k)!r} -> {args[k]!r}" for k in RESUME_REPORTED if k in args and saved.get(k) != args[k]]
     where = f"epoch {epoch + 2}/{target}" if position is None else position.describe(target)
     log.event(

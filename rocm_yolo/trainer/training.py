@@ -33,11 +33,13 @@ def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
 
     paths = spec.paths
     rank = devices.rank() or 0  # a multi-GPU run's rank; rank 0 (and a one-GPU run) writes the run's files
+    local = devices.local_rank() or 0  # local rank 0 speaks for its node (the run, on one machine)
     heartbeat = HeartbeatWriter(
-        paths.heartbeat_of(rank),
+        paths.heartbeat_of(rank if local else 0),
         attempt=spec.attempt,
         on_error=lambda message: log.event("heartbeat_error", message),
         rank=rank,
+        local_rank=local,
     )
     run_hooks = RunHooks(spec, log, arg_presets=env.args)
     testing = hooks.trainer_callbacks(paths, spec.attempt)  # [] unless a test asked for faults or a recording
@@ -63,7 +65,7 @@ def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
     started = time.time()
     owners, run_hooks = callback_owners(spec, env, log)  # the heartbeat says "setup" from here on
     rank = devices.rank()
-    if not rank:  # the run's header: one per run, not one per rank
+    if not devices.local_rank():  # the run's header: one per run (per node), not one per rank
         for line in header_lines(spec, env):
             log.info(line)
 
@@ -73,6 +75,10 @@ def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
         clean_temporaries(spec.paths)  # half-written files of a checkpoint write that was killed
     model = None
     try:
+        if rank is not None:
+            from rocm_yolo.trainer.agent.ranks import agreed_resume
+
+            spec = agreed_resume(spec, log)  # more than one machine: the checkpoint every rank of every node finds
         model = YOLO(spec.resume or spec.model)
         if spec.resume:
             spec, model = checked_resume(spec, model, log, YOLO)
@@ -80,10 +86,10 @@ def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
         if model.ckpt:
             model.ckpt.pop(MID_EPOCH_KEY, None)  # the trainer loads its own copy; do not hold this one all run
         register(model, owners)
-        if rank:
+        if rank is not None:
             from rocm_yolo.trainer.agent.ranks import trainer_class
 
-            args["trainer"] = trainer_class(model)
+            args["trainer"] = trainer_class(model, spec.nodes.count if spec.nodes else 1)
         model.train(**args)
     except train_args.RunFinished as e:
         failures.say_user_error(log, str(e))

@@ -79,19 +79,21 @@ def test_contributing_names_every_fault():
 
 
 def _run_files() -> set[str]:
-    """The name of every file and folder RunPaths gives a run, with numbers as \\d+ (patterns)."""
-    paths = RunPaths("/run")
+    """The name of every file and folder RunPaths gives a run (one machine's, and a node's of several), with numbers
+    as \\d+ (patterns)."""
     names = set()
-    for attr, value in vars(RunPaths).items():
-        if attr.startswith("_") or attr in ("run_dir", "checkpoints", "specs", "mid_checkpoints", "rank_heartbeats"):
-            continue
-        if isinstance(value, property):
-            names.add(getattr(paths, attr).name)
-        elif callable(value):
-            args = [1 for p in list(inspect.signature(value).parameters)[1:]]
-            if attr == "fault_fired":
-                args = ["crash"]
-            names.add(value(paths, *args).name)
+    skip = ("run_dir", "node", "checkpoints", "specs", "mid_checkpoints", "rank_heartbeats", "nodes", "for_node")
+    for paths in (RunPaths("/run", None), RunPaths("/run", 1)):
+        for attr, value in vars(RunPaths).items():
+            if attr.startswith("_") or attr in skip:
+                continue
+            if isinstance(value, property):
+                names.add(getattr(paths, attr).name)
+            elif callable(value):
+                args = [1 for p in list(inspect.signature(value).parameters)[1:]]
+                if attr == "fault_fired":
+                    args = ["crash"]
+                names.add(value(paths, *args).name)
     return names
 
 

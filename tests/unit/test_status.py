@@ -31,9 +31,12 @@ def test_status_survives_badly_typed_state_files(tmp_path):
 NOW = 1_700_000_000.0
 
 
-def write_run(tmp_path, *, state="running", supervisor_pid=None, age=5.0, phase="train", step=0.5, watchdog=None):
-    """A run directory as a supervisor and its trainer leave it: supervisor.json and heartbeat.json."""
-    paths = RunPaths(tmp_path / "run")
+def write_run(
+    tmp_path, *, state="running", supervisor_pid=None, age=5.0, phase="train", step=0.5, watchdog=None, node=None
+):
+    """A run directory as a supervisor and its trainer leave it (a node's share of it): supervisor.json and
+    heartbeat.json."""
+    paths = RunPaths(tmp_path / "run", node)
     record = {
         "state": state,
         "supervisor_pid": supervisor_pid or os.getpid(),
@@ -65,7 +68,7 @@ def write_run(tmp_path, *, state="running", supervisor_pid=None, age=5.0, phase=
     }
     if watchdog is not None:
         record["watchdog"] = watchdog
-    paths.state.mkdir(parents=True, exist_ok=True)
+    paths.node_dir.mkdir(parents=True, exist_ok=True)
     paths.supervisor.write_text(json.dumps(record))  # as a supervisor wrote it
     beat = {
         "seq": 9,
@@ -176,3 +179,29 @@ def test_ranks_of_an_earlier_attempt_are_not_this_attempts(tmp_path):
     beat = json.loads(paths.heartbeat.read_text())
     paths.heartbeat_of(1).write_text(json.dumps(dict(beat, rank=1, pid=78, attempt=1, time=NOW - 922)))
     assert "rank 1" not in status.render(status.collect(paths.run_dir, now=NOW))
+
+
+def test_a_multi_node_run_shows_every_node_and_its_ranks(tmp_path):
+    from rocm_yolo.run.devices import join_round
+
+    node0 = write_run(tmp_path, node=0)
+    node1 = write_run(tmp_path, node=1, age=40, state="finished")
+    beat = json.loads(node0.heartbeat.read_text())
+    node0.heartbeat_of(1).write_text(json.dumps(dict(beat, rank=1, local_rank=1, batch=11, time=NOW - 7)))
+    node1.heartbeat.write_text(json.dumps(dict(beat, rank=2, local_rank=0, batch=10, time=NOW - 40)))
+    node1.heartbeat_of(3).write_text(json.dumps(dict(beat, rank=3, local_rank=1, batch=9, time=NOW - 41)))
+    join_round(node0, "safe")
+    info = status.collect(node0.run_dir, now=NOW)
+    assert [n["node"] for n in info["nodes"]] == [0, 1] and info["round"]["number"] == 1
+    text = status.render(info)
+    assert "nodes:     2 (round 1)" in text
+    assert "node 0:    running (restarted 1 times)\n  progress:  epoch 2/3, train batch 12/16" in text
+    assert "  rank 1:    epoch 2, train batch 11/16, 7 s ago (attempt 2)" in text
+    assert "node 1:    finished" in text and "rank 3" not in text  # a finished node's ranks say nothing more
+    r = subprocess.run(
+        [sys.executable, "-m", "rocm_yolo", "status", str(node0.run_dir)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0 and "node 1:" in r.stdout, r.stderr
+    later = write_run(tmp_path, age=1).supervisor.stat().st_mtime + 10
+    os.utime(RunPaths(node0.run_dir, None).supervisor, (later, later))  # later trained on by one machine alone
+    assert "nodes" not in status.collect(node0.run_dir, now=NOW)

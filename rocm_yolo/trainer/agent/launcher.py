@@ -22,6 +22,9 @@ The launcher stays between the supervisor and ``torch.distributed.run``:
 - **stopping**: SIGTERM is forwarded to ``torch.distributed.run``, which stops its ranks. The
   launcher dies with the supervisor, and ``torch.distributed.run`` dies with the launcher
   (``PR_SET_PDEATHSIG``), and each rank dies with it. A SIGKILL anywhere leaves no rank running.
+- **more than one machine**: the same on each node, with torch's c10d rendezvous instead of
+  ``--master_port`` (:mod:`.rendezvous`: the round, the wait, a rendezvous tried again, the nodes
+  that did not come).
 
 This module does not import torch.
 """
@@ -46,6 +49,7 @@ from rocm_yolo.run.devices import world_size
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import RunSpec
+from rocm_yolo.trainer.agent.rendezvous import Meeting
 
 QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
 # what a rank's exit code says, most telling first: a user error or a finished run is no crash to retry
@@ -98,6 +102,7 @@ class Relay(threading.Thread):
             os.set_blocking(out_fd, False)  # a supervisor that stops reading (Ctrl-Z) never stalls the relay
         self.out_fd = out_fd
         self.exits: dict[int, int] = {}
+        self.heard = False  # a rank of this node has started (on several machines: the nodes met)
         self.pending = b""
 
     def run(self) -> None:
@@ -113,7 +118,10 @@ class Relay(threading.Thread):
                 self._handle(line)
 
     def _handle(self, line: bytes) -> None:
+        self.heard = True
         text = line.decode("utf-8", "replace")
+        if text.startswith(heartbeat.START_PREFIX):
+            return
         if text.startswith(heartbeat.EXIT_PREFIX):
             found = heartbeat.parse_exit(text)
             if found is not None:
@@ -136,9 +144,11 @@ class Relay(threading.Thread):
             os.close(self.read_fd)
 
 
-def outcome(launcher_code: int, exits: dict[int, int]) -> int:
-    """The run's exit code from ``torch.distributed.run``'s (0 only when every rank exited 0) and the ranks' own."""
-    if launcher_code == 0:
+def outcome(launcher_code: int, exits: dict[int, int], ranks: int = 0) -> int:
+    """The run's exit code from ``torch.distributed.run``'s (0 only when every rank exited 0) and the ranks' own:
+    the ``ranks`` of this node that all ended their training are a success, whatever torch's launcher says (on
+    several machines the agent that did not host the store may exit 1 at the end)."""
+    if launcher_code == 0 or (ranks and len(exits) >= ranks and all(c == errors.OK for c in exits.values())):
         return errors.OK
     for telling in TELLING:  # what a rank said, then what the launcher itself said (a broken torch)
         if telling in exits.values() or telling == launcher_code:
@@ -160,9 +170,8 @@ def make_fifo(paths: RunPaths) -> tuple[Path, Path | None]:
 
 
 def launch(spec: RunSpec, spec_path: str, log: RunLog) -> int:
-    """Start one rank per GPU and wait for them; the exit code the supervisor acts on."""
+    """Start one rank per GPU (of this node) and wait for them; the exit code the supervisor acts on."""
     ranks = world_size(spec.train_args)
-    port = free_port()
     fifo, tmp = make_fifo(spec.paths)
     out_fd = os.environ.get(environment.HEARTBEAT_FD)
     relay = Relay(fifo, int(out_fd) if out_fd and out_fd.isdigit() else None)
@@ -171,40 +180,69 @@ def launch(spec: RunSpec, spec_path: str, log: RunLog) -> int:
     # A rank killed by the watchdog leaves its semaphores to multiprocessing's resource tracker, whose warning
     # about them would reach the terminal: the run says what happened in rocm-yolo's own lines.
     env["PYTHONWARNINGS"] = ",".join(x for x in (os.environ.get("PYTHONWARNINGS"), QUIET_TRACKER) if x)
-    log.event(
-        "ddp_launch",
-        f"{ranks} ranks, one per GPU of --device {spec.train_args.get('device')}: torch.distributed.run "
-        f"--nproc_per_node {ranks} --master_port {port}",
-        ranks=ranks,
-        port=port,
-    )
     torch_log = str(spec.paths.torchrun_log)
+    meeting = Meeting(spec, log) if spec.nodes is not None else None
+    if meeting is not None:
+        env[environment.SHARE_RDZV_STORE_OFF] = "1"  # pytorch#135712: restarts after a re-rendezvous hang
+        log.event("ddp_launch", meeting.describe(ranks), ranks=ranks, round=spec.nodes.round)
+
+        def start() -> subprocess.Popen:
+            return subprocess.Popen(meeting.command(spec_path, ranks, torch_log), env=env, preexec_fn=pdeathsig_kill)
+    else:
+        port = free_port()
+        log.event(
+            "ddp_launch",
+            f"{ranks} ranks, one per GPU of --device {spec.train_args.get('device')}: torch.distributed.run "
+            f"--nproc_per_node {ranks} --master_port {port}",
+            ranks=ranks,
+            port=port,
+        )
+
+        def start() -> subprocess.Popen:
+            return subprocess.Popen(command(spec_path, ranks, port, torch_log), env=env, preexec_fn=pdeathsig_kill)
+
     try:  # started before the relay's thread: a fork with a second thread running is unsafe with preexec_fn
-        proc = subprocess.Popen(command(spec_path, ranks, port, torch_log), env=env, preexec_fn=pdeathsig_kill)
+        proc = start()
     except BaseException:
         relay.stop()
         _remove(fifo, tmp)
         raise
     relay.start()
-    stopped: list[int] = []
+    try:
+        code, stopped = _wait(proc, start, relay, meeting)
+    finally:
+        relay.stop()
+        _remove(fifo, tmp)
+    if stopped:
+        return 128 + stopped
+    if meeting is not None and meeting.missed(code, relay.heard):
+        return meeting.give_up()
+    return outcome(code, relay.exits, ranks)
+
+
+def _wait(proc: subprocess.Popen, start, relay: Relay, meeting: Meeting | None) -> tuple[int, int | None]:
+    """Wait for torch's launcher (on several machines, start it again while the rendezvous fails before any rank
+    of this node ran); its exit code, and the signal that stopped the run, if one did."""
+    current, stopped = [proc], []
 
     def forward(signum, frame):  # the supervisor stops the run: torch.distributed.run stops its ranks
         stopped.append(signum)
         try:
-            proc.send_signal(signal.SIGTERM)
+            current[0].send_signal(signal.SIGTERM)
         except OSError:
             pass
 
     previous = signal.signal(signal.SIGTERM, forward)
     try:
-        code = proc.wait()
+        while True:
+            code = current[0].wait() if meeting is None else meeting.wait(current[0], lambda: relay.heard)
+            if stopped or meeting is None or not meeting.again(code, relay.heard) or stopped:
+                return code, (stopped[0] if stopped else None)
+            current[0] = start()  # the relay's thread sits in a read of the FIFO: no lock of ours held over the fork
+            if stopped:  # the stop came while it started
+                current[0].send_signal(signal.SIGTERM)
     finally:
         signal.signal(signal.SIGTERM, previous)
-        relay.stop()
-        _remove(fifo, tmp)
-    if stopped:
-        return 128 + stopped[0]
-    return outcome(code, relay.exits)
 
 
 def _remove(fifo: Path, tmp: Path | None) -> None:

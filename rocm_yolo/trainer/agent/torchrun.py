@@ -8,6 +8,13 @@ torch's launcher logs into the run's ``torchrun.log`` instead of the terminal, a
 ``ChildFailedError`` becomes exit code 1 (its own exit code on that error), and a stop
 (``SignalException``) 128 + the signal. Everything else
 is ``torch.distributed.run.main`` unchanged. The ranks' own output still reaches the terminal.
+
+On more than one machine the rendezvous can fail too, and the launcher decides what that means
+(:mod:`.rendezvous`), so this says nothing on the terminal of it, and exits with its own code:
+:data:`RENDEZVOUS_TIMEOUT` when the other nodes did not come in time (``RendezvousTimeoutError``),
+:data:`RENDEZVOUS_FAILED` for any other failure of the rendezvous or its store (the store went
+away with the agent of an old round that hosted it, a closed round; also at the end, when the
+agent that hosted the store has exited first: ``DistNetworkError``).
 """
 
 from __future__ import annotations
@@ -19,14 +26,18 @@ import sys
 from rocm_yolo import environment, errors
 from rocm_yolo.run.events import PREFIX
 
+RENDEZVOUS_TIMEOUT = 62  # ETIME: the nodes did not all come to the rendezvous within its join timeout
+RENDEZVOUS_FAILED = 75  # EX_TEMPFAIL: the rendezvous or its store failed (tried again if no rank ran)
+
 
 def main(argv: list[str]) -> int:
     log_path, args = argv[0], argv[1:]
     os.environ[environment.TORCHRUN_PID] = str(os.getpid())  # the ranks inherit it: each dies with this process
     try:
-        from torch.distributed import run
+        from torch.distributed import DistError, run
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
     except Exception as e:  # a broken torch: no rank can start, and a restart would not help
         print(f"{PREFIX} environment error: torch.distributed.run cannot start: {errors.one_line(e)}", file=sys.stderr)
         return errors.SETUP
@@ -49,11 +60,21 @@ def main(argv: list[str]) -> int:
     except SignalException as e:  # stopped by the launcher (SIGTERM): the ranks were stopped first
         reports.warning("stopped: %s", e)
         return 128 + int(e.sigval)
+    except (RendezvousError, DistError) as e:
+        if "--rdzv-backend" not in args:  # one machine: the port was taken meanwhile, ...: a crash, restarted
+            return _failed(reports, e, log_path)
+        timeout = isinstance(e, RendezvousTimeoutError)
+        reports.exception("the rendezvous timed out" if timeout else "the rendezvous or its store failed")
+        return RENDEZVOUS_TIMEOUT if timeout else RENDEZVOUS_FAILED
     except Exception as e:  # the rendezvous failed (the port was taken meanwhile), ...: a crash, restarted
-        reports.exception("torch.distributed.run failed")
-        print(f"{PREFIX} torch.distributed.run failed: {errors.one_line(e)} (more in {log_path})", file=sys.stderr)
-        return errors.FAILED
+        return _failed(reports, e, log_path)
     return 0
+
+
+def _failed(reports: logging.Logger, error: Exception, log_path: str) -> int:
+    reports.exception("torch.distributed.run failed", exc_info=error)
+    print(f"{PREFIX} torch.distributed.run failed: {errors.one_line(error)} (more in {log_path})", file=sys.stderr)
+    return errors.FAILED
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ pickle names, the CRCs) and copied atomically and durably (temporary file, fsync
 0.05-0.1 s or more an epoch, depending on the disk: on short epochs (small data sets, fine-tuning,
 classification) too much for the training thread. So a background thread does it, and:
 
-- the next save waits for the previous copy first, so there is never a moment without a good copy;
+- the next save waits for the previous copy first (at the end of the next epoch's training, before its
+  validation), so there is never a moment without a good copy; and what is verified is the copy itself;
 - the last epoch's copy (``trainer.stop``: the final epoch, or early stopping) is made before the
   training goes on, as the end of training strips ``last.pt`` right after: this copy keeps the
   optimizer, from which ``--resume RUN --epochs N`` trains a finished run on;
@@ -42,6 +43,9 @@ class GoodCopy:
             target=self._copy, args=(Path(trainer.last), trainer.epoch), name="rocm-yolo-good-copy"
         )
         self.copier.start()  # not a daemon: a stop (SIGTERM) lets the copy in progress finish
+
+    def on_train_epoch_end(self, trainer) -> None:
+        self.wait()  # before this epoch's validation and save: the previous copy is made by then
 
     def on_fit_epoch_end(self, trainer) -> None:
         if trainer.stop:  # the training's time limit (time=) stops it after the save: the copy before the strip

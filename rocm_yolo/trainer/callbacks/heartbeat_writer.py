@@ -30,9 +30,11 @@ class HeartbeatWriter:
         pipe_fd: int | None = None,
         on_error: Callable[[str], None] | None = None,
         rank: int = 0,
+        local_rank: int | None = None,
     ):
         self.path = Path(path)
-        self.positions = rank == 0  # position lines between records: rank 0's (it speaks for the run)
+        local_rank = rank if local_rank is None else local_rank
+        self.positions = local_rank == 0  # position lines between records: its node's local rank 0's (it speaks)
         self.clock = clock
         self.pipe_fd = pipe_fd if pipe_fd is not None else _fd_from_env()
         self.on_error = on_error
@@ -49,6 +51,7 @@ class HeartbeatWriter:
             "batches_total": 0,
             "started": time.time(),
             "rank": rank,
+            "local_rank": local_rank,
         }
         self.step_max = 0.0
         self.step_last = 0.0

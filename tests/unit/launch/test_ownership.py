@@ -83,3 +83,54 @@ def test_a_held_run_is_refused_and_a_stale_lock_is_no_lock(tmp_path):
     spec = prepare(resume=str(last))
     assert ownership.held(spec.run_dir)
     ownership.release(spec.run_dir)
+
+
+HOLDER = (
+    "import sys; from rocm_yolo.launch import ownership; "
+    "ownership.acquire(sys.argv[1], None if sys.argv[2] == '-' else int(sys.argv[2])); "
+    "print('held', flush=True); sys.stdin.read()"
+)
+
+
+def _hold(run: Path, node: int | None) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(run), "-" if node is None else str(node)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_one_supervisor_per_node_of_a_run(tmp_path):
+    run = tmp_path / "runs" / "train"
+    node0, node1 = _hold(run, 0), _hold(run, 1)  # the nodes of one run hold it together
+    try:
+        assert ownership.holder(run, 0) == node0.pid and ownership.holder(run, 1) == node1.pid
+        with pytest.raises(
+            UsageError, match=f"in use by another rocm-yolo supervisor for node 1 \\(pid {node1.pid}\\)"
+        ):
+            ownership.acquire(run, 1)  # a second supervisor of node 1
+        with pytest.raises(
+            UsageError, match=f"the rocm-yolo supervisors of its nodes \\(node 0 pid {node0.pid}, node 1"
+        ):
+            ownership.acquire(run)  # a supervisor on one machine while the nodes train
+        assert ownership.holder(run) == 0  # held (shared), no PID of its own
+        ownership.acquire(run, 2)  # a third node
+        ownership.release(run, 2)
+    finally:
+        for proc in (node0, node1):
+            proc.stdin.close()
+            proc.wait(timeout=30)
+    one = _hold(run, None)
+    try:
+        with pytest.raises(UsageError, match=f"in use by another rocm-yolo supervisor \\(pid {one.pid}\\)"):
+            ownership.acquire(run, 0)  # a node while one machine trains the run
+        assert not ownership.held(run, 0) and ownership.holder(run, 0) is None  # its node lock went back
+    finally:
+        one.stdin.close()
+        one.wait(timeout=30)
+    ownership.acquire(run, 0)
+    assert ownership.held(run, 0) and not ownership.held(run)
+    ownership.release(run, 0)

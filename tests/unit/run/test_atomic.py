@@ -61,3 +61,15 @@ def test_copy_is_atomic_too(tmp_path):
     with pytest.raises(FileNotFoundError):
         copy_atomic(tmp_path / "missing.pt", dst)
     assert dst.read_bytes() == src.read_bytes() and not temporary(dst).exists()
+
+
+def test_a_copy_replaces_the_target_only_when_the_copy_itself_is_accepted(tmp_path):
+    """keep_good_copy checks the copy, not the source: the source may change while it is copied."""
+    src, dst = tmp_path / "last.pt", tmp_path / "last_good.pt"
+    dst.write_bytes(b"previous good copy")
+    src.write_bytes(b"new")
+    seen = []
+    assert not copy_atomic(src, dst, accept=lambda tmp: seen.append(tmp.read_bytes()) or False)
+    assert seen == [b"new"] and dst.read_bytes() == b"previous good copy" and not temporary(dst).exists()
+    assert copy_atomic(src, dst, durable=True, accept=lambda tmp: tmp.read_bytes() == b"new")
+    assert dst.read_bytes() == b"new"

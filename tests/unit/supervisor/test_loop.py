@@ -188,3 +188,25 @@ def test_ctrl_z_stops_the_tree_with_the_supervisor_and_the_time_stopped_is_no_ha
     result = sup.run()
     assert stopped == [True] and child.paused is False  # paused while the supervisor was stopped, then continued
     assert result.exit_code == errors.OK and result.hangs == []
+
+
+def test_on_several_machines_restarts_join_the_round_every_node_agrees_on_and_a_missing_node_ends_the_run(spec):
+    """A crash moves each node to the next round, on that round's profile (the first node to restart opened it);
+    a node that did not come to the rendezvous ends the run with exit 1 and no restart."""
+    from rocm_yolo.run.devices import Nodes, join_round, mark_round_started, read_round
+
+    nodes = Nodes(count=2, node=1, endpoint="127.0.0.1:29400", round=1)
+    spec = replace(spec, nodes=nodes, train_args={"epochs": 3, "device": "0,1"})
+    join_round(spec.paths, "fast")
+    mark_round_started(spec.paths, 1)
+    join_round(spec.paths.for_node(0), "safe", after=1)  # node 0 restarted first, and opened round 2
+    clock = Clock()
+    children = [
+        ScriptedChild(clock, {}, exit_at=1, code=1),  # round 1: the other node's rank died, ours crashed
+        ScriptedChild(clock, {}, exit_at=1, code=errors.NODES_MISSING),  # round 2: node 0 did not come back
+    ]
+    result, made = supervise(spec, children, clock, config=replace(CONFIG, max_restarts=3))
+    assert [(s.nodes.round, s.profile) for s in made] == [(1, "fast"), (2, "safe")]
+    assert made[1].paths.node_dir.name == "node-1" and read_round(spec.paths).number == 2
+    assert result.exit_code == errors.FAILED and result.restarts == 1 and result.detail and result.node == 1
+    assert result.paths.log == spec.paths.node_dir / "rocm-yolo.log"

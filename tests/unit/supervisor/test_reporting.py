@@ -15,7 +15,7 @@ from rocm_yolo.supervisor.reporting import Reporter, render
 def test_events_carry_the_keys_a_notify_command_gets_and_restarts_count_by_class(tmp_path):
     paths = RunPaths(tmp_path / "run")
     log = RunLog(paths.log, paths.events, stream=open("/dev/null", "w"))
-    reporter = Reporter(str(paths.run_dir), WatchdogConfig(), log)
+    reporter = Reporter(paths, WatchdogConfig(), log)
     reporter.event("restart", "restart 1/3", attempt=2, profile="fast", cls="gpu-fault", resume=None)
     reporter.event("finished", None, attempt=2, profile="fast", say=False, exit_code=0)
     reporter.close()

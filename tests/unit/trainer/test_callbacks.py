@@ -89,6 +89,8 @@ def test_the_verified_copy_of_last_pt_is_made_off_the_training_thread_but_never_
     trainer = types.SimpleNamespace(last=paths.last, epoch=0, stop=False)
     copy.on_model_save(trainer)
     assert copy.copier is not None  # the training thread goes on while the copy is made
+    copy.on_train_epoch_end(trainer)  # the next epoch trained: the copy is done before its save
+    assert copy.copier is None and heard == [0]
     fake_checkpoint(paths.last, payload=pickle.dumps({"epoch": 1}))
     copy.on_model_save(types.SimpleNamespace(last=paths.last, epoch=1, stop=True))  # waits, then copies at once
     assert copy.copier is None and heard == [0, 1]

@@ -1,0 +1,164 @@
+"""More than one machine: the launcher's side of torch's c10d rendezvous (torch-free).
+
+Each node's launcher starts its node's agent, as ``torchrun`` would be started on each machine::
+
+    python -m torch.distributed.run --nnodes N --nproc_per_node n --rdzv-backend c10d
+        --rdzv-endpoint HOST:PORT --rdzv-id rocm-yolo-round-R --rdzv-conf join_timeout=T
+        --max-restarts 0 -m rocm_yolo.trainer SPEC.json
+
+- **No restarts of torch's own** (``--max-restarts 0``): the node's supervisor restarts its tree
+  after a hang or a crash, as on one machine, and the nodes meet again in the next **round**, the
+  same on every node (:func:`rocm_yolo.run.devices.join_round`). A round has a rendezvous id of its
+  own: torch closes a rendezvous for good when an agent ends with a failure.
+- ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: the ranks make their own store, not the rendezvous'
+  one. With the shared store, restarts after a re-rendezvous hung or failed in 3 of 4 trials here
+  (pytorch#135712).
+- **The wait** is bounded by ``--rdzv-timeout``. While no rank of this node runs, the launcher
+  rewrites ``node-K/rendezvous.json`` (the round it waits in) every few seconds. A rendezvous that
+  fails before any rank runs (the store went away with the agent of an old round that hosted it) is
+  tried again in the same round until then. When the time is up, the nodes whose file does not
+  show them waiting in this round are the missing ones: :meth:`Meeting.give_up` names them, and the
+  run ends (exit 1).
+- **Success is the run's own**: every rank of this node ended its training (exit 0). The agent that
+  did not host the store may exit 1 at the end (``DistNetworkError``) although training finished
+  (:func:`rocm_yolo.trainer.agent.launcher.outcome`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from rocm_yolo import errors
+from rocm_yolo.run.atomic import write_atomic
+from rocm_yolo.run.events import RunLog
+from rocm_yolo.run.spec import RunSpec
+from rocm_yolo.trainer.agent.torchrun import RENDEZVOUS_FAILED, RENDEZVOUS_TIMEOUT
+
+MARK_EVERY = 5.0  # seconds between rewrites of node-K/rendezvous.json while this node waits
+STALE_AFTER = 30.0  # a node whose file is older than this one's by more than that is not waiting
+AGAIN_AFTER = 2.0  # seconds before trying a failed rendezvous again
+
+
+def rendezvous_id(round_number: int) -> str:
+    return f"rocm-yolo-round-{round_number}"
+
+
+class Meeting:
+    """This node's part in one round of the rendezvous, for one attempt of its launcher."""
+
+    def __init__(self, spec: RunSpec, log: RunLog, clock=time.monotonic):
+        self.spec, self.nodes, self.paths, self.log = spec, spec.nodes, spec.paths, log
+        self.clock = clock
+        self.deadline = clock() + self.nodes.timeout
+        self.tries = 0
+
+    def describe(self, ranks: int) -> str:
+        n = self.nodes
+        return (
+            f"node {n.node} of {n.count}, {ranks} ranks: waiting for the other nodes at {n.endpoint} (round "
+            f"{n.round}, up to {n.timeout:.0f} s)"
+        )
+
+    def command(self, spec_path: str, ranks: int, log_path: str) -> list[str]:
+        """torch's launcher for this node, with the time left to wait as the rendezvous' join timeout."""
+        self.tries += 1
+        left = max(int(self.deadline - self.clock() + 0.999), 1)
+        return [
+            sys.executable,
+            "-m",
+            "rocm_yolo.trainer.agent.torchrun",
+            log_path,
+            "--nnodes",
+            str(self.nodes.count),
+            "--nproc_per_node",
+            str(ranks),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            self.nodes.endpoint,
+            "--rdzv-id",
+            rendezvous_id(self.nodes.round),
+            "--rdzv-conf",
+            f"join_timeout={left}",
+            "--max-restarts",
+            "0",
+            "-m",
+            "rocm_yolo.trainer",
+            spec_path,
+        ]
+
+    def mark(self) -> None:
+        """This node waits in its round: ``node-K/rendezvous.json``, rewritten (its time is the storage's)."""
+        record = {"round": self.nodes.round, "endpoint": self.nodes.endpoint, "pid": os.getpid(), "time": time.time()}
+        try:
+            self.paths.node_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.paths.rendezvous, json.dumps(record))
+        except OSError:
+            pass  # only the line naming a missing node reads it
+
+    def wait(self, proc: subprocess.Popen, heard) -> int:
+        """Wait for torch's launcher to exit, marking this node as waiting while none of its ranks runs."""
+        while True:
+            if not heard():
+                self.mark()
+            try:
+                return proc.wait(timeout=MARK_EVERY)
+            except subprocess.TimeoutExpired:
+                continue
+
+    def again(self, code: int, heard: bool) -> bool:
+        """Whether to try the rendezvous again: it failed before any rank of this node ran, with time left."""
+        if code != RENDEZVOUS_FAILED or heard or self.clock() + AGAIN_AFTER >= self.deadline:
+            return False
+        self.log.event("rendezvous_again", round=self.nodes.round, tries=self.tries)  # torchrun.log says why
+        time.sleep(AGAIN_AFTER)
+        return True
+
+    def missed(self, code: int, heard: bool) -> bool:
+        """Whether the nodes never met: no rank of this node ran, and the rendezvous failed or timed out."""
+        return not heard and code in (RENDEZVOUS_FAILED, RENDEZVOUS_TIMEOUT)
+
+    def missing(self) -> list[int]:
+        """The nodes not waiting in this round: no file, another round, or a file not rewritten for a while."""
+        try:
+            mine = self.paths.rendezvous.stat().st_mtime
+        except OSError:
+            mine = time.time()
+        out = []
+        for node in range(self.nodes.count):
+            if node == self.nodes.node:
+                continue
+            path = self.paths.for_node(node).rendezvous
+            try:
+                found = json.loads(path.read_text()).get("round")
+                fresh = path.stat().st_mtime >= mine - STALE_AFTER
+            except (OSError, ValueError, AttributeError):
+                found, fresh = None, False
+            if found != self.nodes.round or not fresh:
+                out.append(node)
+        return out
+
+    def give_up(self) -> int:
+        """The time is up: one line naming the missing nodes; the run ends (exit 1)."""
+        n, missing = self.nodes, self.missing()
+        run = self.spec.run_dir
+        again = f"start every node again with rocm-yolo train --resume {run} and its node flags"
+        if missing:
+            names = " and ".join(f"node {k}" for k in missing)
+            line = (
+                f"{names} of {n.count} did not come to the rendezvous at {n.endpoint} within {n.timeout:.0f} s "
+                f"(round {n.round}): the run stops here; once {'they are' if len(missing) > 1 else 'it is'} back, "
+                f"{again}"
+            )
+        else:
+            line = (
+                f"the {n.count} nodes waited at {n.endpoint} but did not meet within {n.timeout:.0f} s (round "
+                f"{n.round}; more in {self.paths.torchrun_log}): check that every node reaches that address, "
+                f"then {again}"
+            )
+        self.log.event("nodes_missing", line, missing=missing, round=n.round, endpoint=n.endpoint)
+        return errors.NODES_MISSING
