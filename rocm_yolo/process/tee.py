@@ -3,8 +3,10 @@
 The watchdog reads what a training child wrote to stderr when it fails: the GPU runtime writes its last words there
 from C (the HSA runtime's ``Memory access fault by GPU node-1 ... Reason: ...`` right before ``abort()``), and no
 Python code of the child can catch them. So the child's stderr is a pipe whose other end this process holds: a
-daemon thread copies every chunk to the terminal at once, appends it to a file (kept under ``cap`` bytes: its
-newest half survives) and keeps the newest ``tail`` bytes in memory. Whatever the child wrote before it died is
+daemon thread copies every chunk to the terminal at once (whole lines: a line's beginning waits up
+to 0.1 s for its end, so the child's stdout, written to the same terminal, never lands inside it),
+appends it to a file (kept under ``cap`` bytes: its newest half survives) and keeps the newest
+``tail`` bytes in memory. Whatever the child wrote before it died is
 still in the pipe: :meth:`Tee.drain` waits (bounded) until it has been copied, so the lines keep their order with
 this process's own. The thread ends when every writer of the pipe is gone.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import array
 import fcntl
 import os
+import select
 import termios
 import threading
 import time
@@ -25,6 +28,7 @@ from pathlib import Path
 
 CAP = 1 << 20  # the file: at most 1 MiB (its newest half survives a trim)
 TAIL = 64 << 10  # in memory: the newest 64 KiB
+HOLD = 0.1  # seconds a line's beginning waits for its end before it is shown as it is
 
 
 class Tee:
@@ -39,6 +43,7 @@ class Tee:
         self._size = 0
         self._read = self._kept = 0  # bytes read from the pipe, and of them kept (drain waits for both)
         self.done = threading.Event()
+        self._partial = b""  # a line's beginning not shown yet: shown whole, so another writer never cuts it
         self._thread = threading.Thread(target=self._run, name="rocm-yolo-stderr", daemon=True)
         self._thread.start()
 
@@ -46,6 +51,10 @@ class Tee:
         try:
             while True:
                 try:
+                    if self._partial and not select.select([self.fd], [], [], HOLD)[0]:
+                        self._show(self._partial)  # nothing more came: show what there is
+                        self._partial = b""
+                        continue
                     data = os.read(self.fd, 65536)
                 except InterruptedError:
                     continue
@@ -54,10 +63,16 @@ class Tee:
                 if not data:
                     break
                 self._read += len(data)
-                self._show(data)  # outside the lock: a paused terminal (Ctrl-S) must not block the supervisor
+                cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+                shown, self._partial = (self._partial + data[:cut], data[cut:]) if cut else (b"", self._partial + data)
+                if shown:
+                    self._show(shown)  # outside the lock: a paused terminal (Ctrl-S) must not block the supervisor
                 with self._lock:
                     self._keep(data)
         finally:
+            if self._partial:
+                self._show(self._partial)
+                self._partial = b""
             try:
                 os.close(self.fd)
             except OSError:
@@ -110,7 +125,7 @@ class Tee:
         deadline = time.monotonic() + timeout
         settled = 0
         while settled < 2 and time.monotonic() < deadline:  # twice in a row: a chunk just read is counted
-            settled = settled + 1 if not self.pending() and self._kept == self._read else 0
+            settled = settled + 1 if not self.pending() and self._kept == self._read and not self._partial else 0
             time.sleep(0.01)
 
     def tail(self) -> str:

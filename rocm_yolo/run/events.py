@@ -39,8 +39,9 @@ class RunLog:
         if self.rank:
             message = f"rank {self.rank}: {message}"
         stream = self.stream or sys.stderr
-        try:
-            print(f"{PREFIX} {message}", file=stream, flush=True)
+        try:  # one write: with PYTHONUNBUFFERED, print() writes the line and its newline apart
+            stream.write(f"{PREFIX} {message}\n")
+            stream.flush()
         except (OSError, ValueError):
             pass
         self.record(message)

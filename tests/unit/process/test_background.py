@@ -75,3 +75,25 @@ def test_commands_run_one_after_another_so_what_they_deliver_arrives_in_order(tm
     assert len(commands.running) == 1 and len(commands.waiting) == 1  # the second waits: start never blocks
     commands.close(grace=10)
     assert out.read_text() == "first\nsecond\n"
+
+
+def test_the_childs_stderr_reaches_the_terminal_in_whole_lines(tmp_path):
+    """A line written in pieces (with PYTHONUNBUFFERED, print() writes a line and its newline apart) is shown whole,
+    so what another process writes to the same terminal (the child's stdout) never lands inside it; a line's
+    beginning with no end is shown after a moment."""
+    read_end, write_end = os.pipe()
+    out_r, out_w = os.pipe()
+    tee = Tee(read_end, out_w, None)
+    os.write(write_end, b"rocm-yolo: train loader: workers=0")
+    time.sleep(0.03)
+    os.write(write_end, b" timeout=0")
+    os.write(write_end, b"\nnext line\nno end yet")
+    shown = os.read(out_r, 4096)
+    assert shown.startswith(b"rocm-yolo: train loader: workers=0 timeout=0\n")  # the first line whole, at once
+    while not shown.endswith(b"no end yet"):
+        shown += os.read(out_r, 4096)
+    assert shown == b"rocm-yolo: train loader: workers=0 timeout=0\nnext line\nno end yet"
+    os.close(write_end)
+    tee.done.wait(10)
+    os.close(out_w)
+    os.close(out_r)
