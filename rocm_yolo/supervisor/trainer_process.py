@@ -168,6 +168,8 @@ class TrainerProcess:
         except Exception:
             pass
         self.beats.close()
+        if self.multi_gpu and not left:  # a launcher killed in its cleanup leaves its FIFO: the tree is gone
+            self.spec.paths.ranks_fifo.unlink(missing_ok=True)
         return left
 
     def pause(self) -> None:

@@ -95,6 +95,7 @@ class Relay(threading.Thread):
 
     def __init__(self, fifo: Path, out_fd: int | None):
         super().__init__(name="rocm-yolo-heartbeat-relay", daemon=True)
+        self.fifo = fifo
         self.read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
         self.keep_open = os.open(fifo, os.O_WRONLY)  # no end-of-file while no rank has opened it yet
         os.set_blocking(self.read_fd, True)
@@ -134,6 +135,9 @@ class Relay(threading.Thread):
                 pass  # a full pipe: drop the line rather than stall a rank (as the rank itself would)
             except OSError:
                 self.out_fd = None  # the supervisor is gone
+
+    def forget_path(self) -> None:
+        self.fifo.unlink(missing_ok=True)
 
     def stop(self) -> None:
         """After the ranks are gone: the FIFO ends, the thread reads what is left and stops."""
@@ -227,6 +231,7 @@ def _wait(proc: subprocess.Popen, start, relay: Relay, meeting: Meeting | None) 
 
     def forward(signum, frame):  # the supervisor stops the run: torch.distributed.run stops its ranks
         stopped.append(signum)
+        relay.forget_path()  # no rank starts any more: the FIFO's name goes now, its open ends keep working
         try:
             current[0].send_signal(signal.SIGTERM)
         except OSError:
