@@ -17,6 +17,7 @@ import pytest
 
 from helpers import TINY, Cli, epochs_in, rocm_lines
 from rocm_yolo import errors
+from rocm_yolo.launch.demo import write_demo
 from rocm_yolo.run import checkpoints
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.supervisor_state import read_state
@@ -131,3 +132,18 @@ def test_results_csv_has_each_epoch_once(finished):
     with open(run / "results.csv") as f:
         epochs = [int(float(row["epoch"])) for row in csv.DictReader(f)]
     assert epochs == sorted(set(epochs))
+
+
+def test_a_loader_with_fewer_workers_than_requested_says_why(tmp_path):
+    """Issue 22, item 9: the header restored workers=2 (Ultralytics sets 0 on the CPU), and then the train loader
+    line said workers=0: Ultralytics' build_dataloader gives a loader of one batch no workers. The log says so."""
+    data = write_demo(tmp_path / "four", train=4, val=4, size=64)
+    cli = Cli(tmp_path)
+    r = cli.run("train", str(data), "--epochs", "1", "--workers", "2", *TINY, "val=False", timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:]
+    lines = rocm_lines(r.stdout)
+    [loader] = [x for x in lines if "train loader:" in x]
+    assert "workers=0" in loader
+    [why] = [x for x in lines if "gave the train loader workers=0 of the requested 2" in x]
+    assert "1 batch per epoch" in why
+    assert cli.leftovers() == []

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 from rocm_yolo.patches import dataloader as loader_patch
 from rocm_yolo.run.events import RunLog
@@ -59,6 +60,10 @@ class RunHooks:
     def on_pretrain_routine_end(self, trainer) -> None:
         for entry in loader_patch.built_loaders():
             self.log.info(loader_patch.describe(entry))
+            if entry["role"] == "train":
+                fewer = fewer_workers(entry["requested_workers"], self.spec.loader.workers, trainer)
+                if fewer:
+                    self.log.info(fewer)
         self.log.event("loaders", loaders=loader_patch.built_loaders())
 
     def on_train_start(self, trainer) -> None:
@@ -86,6 +91,39 @@ class RunHooks:
 
     def on_val_start(self, validator) -> None:
         self._fresh_workers(getattr(validator, "dataloader", None))
+
+
+def fewer_workers(given: int, want: int, trainer) -> str | None:
+    """Why Ultralytics' ``build_dataloader`` gave the train loader fewer workers than the run's ``want``: it
+    caps them at the CPUs per GPU and at the loader's batches (a loader of one batch gets none)."""
+    if given >= want:
+        return None
+    try:
+        batches = len(trainer.train_loader)
+    except TypeError:
+        batches = None
+    why = []
+    if batches is not None and batches <= 1:
+        why.append("the training set makes 1 batch per epoch, and it then loads in the trainer itself")
+    elif batches is not None and batches < want:
+        why.append(f"the training set makes {batches} batches per epoch, and it starts no more workers than that")
+    gpus = _gpus(trainer)
+    if gpus > 1 and (os.cpu_count() or 1) // gpus < want:
+        why.append(f"it starts at most {os.cpu_count()} CPUs // {gpus} GPUs workers per GPU")
+    reason = "; ".join(why) or "its own caps"
+    return f"Ultralytics' build_dataloader gave the train loader workers={given} of the requested {want}: {reason}"
+
+
+def _gpus(trainer) -> int:
+    device = getattr(trainer, "device", None)
+    if getattr(device, "type", "cpu") in ("cpu", "mps"):
+        return 0
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - only a reason in a log line
+        return 0
 
 
 def _save_args(trainer) -> None:
