@@ -83,6 +83,26 @@ def work_dir(keep: Path | None, prefix: str):
             tmp.cleanup()
 
 
+def interleaved(a, prefix: str, sides, one_run, report, val: int = 16) -> int:
+    """The benchmark's rounds: the demo set (``a.train`` images) in the work directory, then each round every
+    side once, in turn (``one_run(a, side, round, data, root)``), so a slow phase of the machine hits all sides;
+    ``report(a, results)`` prints the table. 130 when interrupted (every run's processes stopped)."""
+    try:
+        with work_dir(a.dir, prefix) as root:
+            from rocm_yolo.launch.demo import write_demo
+
+            data = write_demo(root / "data", train=a.train, val=val, size=max(a.imgsz, 64))
+            print(f"work directory: {root}\n{machine_line()}", flush=True)
+            results: dict = {side: [] for side in sides}
+            for rnd in range(1, a.rounds + 1):
+                for side in sides:
+                    results[side].append(one_run(a, side, rnd, data, root))
+            print("\n" + "\n".join(report(a, results)))
+            return 0
+    except KeyboardInterrupt:
+        return interrupted()
+
+
 def interrupted() -> int:
     print("\ninterrupted: every run's processes are stopped", file=sys.stderr)
     return 130

@@ -46,7 +46,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import interrupted, machine_line, run_logged, size_args, stop_on_signals, work_dir  # noqa: E402
+from _common import interleaved, machine_line, run_logged, size_args, stop_on_signals  # noqa: E402
 from bench_train import epoch_times, spread  # noqa: E402
 
 SEAM = HERE.parent / "tests" / "cpu_ddp"
@@ -209,20 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         a.cpu = not torch.cuda.is_available()
-    try:
-        with work_dir(a.dir, "bench-ddp-") as root:
-            from rocm_yolo.launch.demo import write_demo
-
-            data = write_demo(root / "data", train=a.train, val=16, size=max(a.imgsz, 64))
-            print(f"work directory: {root}\n{machine_line()}", flush=True)
-            results: dict = {side: [] for side in SIDES}
-            for rnd in range(1, a.rounds + 1):
-                for side in SIDES:
-                    results[side].append(one_run(a, side, rnd, data, root))
-            print("\n" + "\n".join(report(a, results)))
-            return 0
-    except KeyboardInterrupt:
-        return interrupted()
+    return interleaved(a, "bench-ddp-", SIDES, one_run, report, val=16)
 
 
 if __name__ == "__main__":

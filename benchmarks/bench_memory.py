@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import TAG_VAR, interrupted, machine_line, stop_on_signals, work_dir  # noqa: E402
+from _common import TAG_VAR, interleaved, machine_line, stop_on_signals  # noqa: E402
 from bench_train import plain_cmd, rocm_cmd  # noqa: E402
 
 from rocm_yolo.process.tagged import Tagged  # noqa: E402
@@ -127,20 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_signals()
     if a.rounds < 1 or a.workers < 1 or a.epochs < 2:
         p.error("--rounds and --workers must be >= 1, --epochs >= 2")
-    try:
-        with work_dir(a.dir, "bench-memory-") as root:
-            from rocm_yolo.launch.demo import write_demo
-
-            data = write_demo(root / "data", train=a.train, val=a.val, size=max(a.imgsz, 64))
-            print(f"work directory: {root}\n{machine_line()}", flush=True)
-            results: dict = {side: [] for side in SIDES}
-            for rnd in range(1, a.rounds + 1):
-                for side in SIDES:
-                    results[side].append(one_run(a, side, rnd, data, root))
-            print("\n" + "\n".join(report(a, results)))
-            return 0
-    except KeyboardInterrupt:
-        return interrupted()
+    return interleaved(a, "bench-memory-", SIDES, one_run, report, val=a.val)
 
 
 if __name__ == "__main__":
