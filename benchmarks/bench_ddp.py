@@ -23,7 +23,7 @@ writes it). Epoch 1 (start-up) and the last epoch (the final validation) are lef
 ratio is taken per round, then the median (min-max) over rounds. The goal is at most 1.03.
 
 Without GPUs (``--cpu``, the default when torch sees none), both sides run on CPU "devices"
-through the tests' seam (``tests/cpu_ddp``: gloo, Ultralytics' DDP code otherwise unchanged).
+through the tests' seam (``tests/seams``: gloo, Ultralytics' DDP code otherwise unchanged).
 Then the figures measure rocm-yolo's overhead around DDP, not GPU training.
 
     python benchmarks/bench_ddp.py                                    # 2 CPU ranks, synthetic data
@@ -49,7 +49,7 @@ sys.path.insert(0, str(HERE))
 from _common import interleaved, machine_line, run_logged, size_args, stop_on_signals  # noqa: E402
 from bench_train import epoch_times, spread  # noqa: E402
 
-SEAM = HERE.parent / "tests" / "cpu_ddp"
+SEAM = HERE.parent / "tests" / "seams"
 SIDES = ("plain", "rocm-yolo")
 PLAIN_RUNNER = """\
 import json, sys
@@ -162,7 +162,7 @@ def report(a, results: dict) -> list[str]:
     mean = {side: [statistics.mean(run[e] for e in measured) for run in runs] for side, runs in results.items()}
     ratios = [x / y for x, y in zip(mean["rocm-yolo"], mean["plain"])]
     command_line = " ".join(["python", f"benchmarks/{Path(__file__).name}", shlex.join(sys.argv[1:])]).strip()
-    where = "CPU ranks through tests/cpu_ddp (gloo)" if a.cpu else "GPUs"
+    where = "CPU ranks through tests/seams (gloo)" if a.cpu else "GPUs"
     if a.nodes > 1:
         where += f", on each of {a.nodes} nodes of this machine (c10d rendezvous on 127.0.0.1; plain: torchrun)"
     return [

@@ -1,6 +1,6 @@
 """End to end, more than one GPU: Ultralytics' DDP with two ranks, under the watchdog, on the CPU.
 
-The one seam: ``tests/cpu_ddp/sitecustomize.py`` lets Ultralytics treat ``--device 0,1`` as two
+The one seam: ``tests/seams/seam_cpu_ddp.py`` lets Ultralytics treat ``--device 0,1`` as two
 CPU ranks with gloo (device selection, ``_setup_ddp``, ``device_ids``). Everything else is
 real: ``torch.distributed.run``, two rank processes with their own fork servers and workers,
 the all-reduce, real hangs and kills. Each run recovers to all its epochs, with one row per
@@ -24,7 +24,7 @@ from helpers import Cli, epochs_in, events, wait_for
 from rocm_yolo.run import checkpoints, heartbeat
 from rocm_yolo.run.paths import RunPaths
 
-SEAM = Path(__file__).resolve().parents[1] / "cpu_ddp"
+SEAM = Path(__file__).resolve().parents[1] / "seams"
 RECORD = "ROCM_YOLO_RECORD_BATCHES"
 TRAIN_IMAGES = 16  # tiny_data: 16 train images; batch 4 on 2 ranks -> 2 a rank, 4 batches an epoch
 DDP = ["--model", "yolo26n.yaml", "--device", "0,1", "--imgsz", "32", "--batch", "4", "plots=False"]

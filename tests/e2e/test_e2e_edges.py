@@ -22,7 +22,7 @@ from rocm_yolo.run import checkpoints
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.supervisor_state import read_state
 
-SEAM_TOPOLOGY = Path(__file__).resolve().parents[1] / "cpu_ddp" / "kfd" / "nodes"  # two gfx1100 GPUs
+SEAM_TOPOLOGY = Path(__file__).resolve().parents[1] / "seams" / "kfd" / "nodes"  # two gfx1100 GPUs
 
 
 def one_line(r, code: int) -> str:

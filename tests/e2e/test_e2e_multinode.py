@@ -2,7 +2,7 @@
 c10d rendezvous on 127.0.0.1 and training one run in one shared run directory.
 
 Each node is ``rocm-yolo train --device 0,1 --nnodes 2 --node-rank K --rdzv-endpoint 127.0.0.1:PORT`` (or the
-same command with SLURM's variables and no node flags): two CPU ranks through the DDP seam in ``tests/cpu_ddp``,
+same command with SLURM's variables and no node flags): two CPU ranks through the DDP seam in ``tests/seams``,
 so four ranks, their fork servers and workers, all real. Nothing else is faked: the rendezvous, the agents of
 ``torch.distributed.run``, gloo between the nodes' ranks, real hangs and SIGKILLs, each node's supervisor
 restarting its own tree. Two cases run by default (a clean run with ``status``, and a worker hang on node 1);
@@ -30,7 +30,7 @@ from rocm_yolo.run.devices import Round, read_round
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import latest_spec
 
-SEAM = Path(__file__).resolve().parents[1] / "cpu_ddp"
+SEAM = Path(__file__).resolve().parents[1] / "seams"
 # 32 train images, batch 8 on 2 nodes x 2 ranks: 2 images a rank, 4 batches an epoch
 NODE = ["--model", "yolo26n.yaml", "--device", "0,1", "--imgsz", "32", "--batch", "8", "plots=False"]
 WATCH = ["--stall-timeout", "10", "--startup-grace", "120", "--workers", "1", "prefetch_factor=1"]

@@ -6,7 +6,7 @@ error in every attempt) and checks that the supervisor notices it (a hang within
 plus 10 s), writes the stacks (or the traceback) with its diagnosis, kills the whole tree, applies
 the remedy of the failure's class (the fallback ladder for the loader only, the same profile after a
 GPU fault, a stop with exit 4 or 5), tells a real notify command, and leaves no process. The kernel
-log is a test's file (the seam in ``tests/fake_kernel_log``).
+log is a test's file (the seam in ``tests/seams``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.e2e
 
 
 STALL = 10  # --stall-timeout for these tests (the default is 180 s)
-SEAM = Path(__file__).resolve().parents[1] / "fake_kernel_log"
+SEAM = Path(__file__).resolve().parents[1] / "seams"
 
 
 WATCH = ["--stall-timeout", str(STALL), "--startup-grace", "90", "--workers", "2", "prefetch_factor=1"]
@@ -50,7 +50,7 @@ def check_recovered(cli, r, run: Path, epochs: int, hung_at: float | None = None
 
 
 def with_kernel_log(cli, tmp_path) -> Path:
-    """Point the supervisor of ``cli``'s runs at a kernel log the test writes (tests/fake_kernel_log)."""
+    """Point the supervisor of ``cli``'s runs at a kernel log the test writes (tests/seams)."""
     log = tmp_path / "kern.log"
     log.write_text("")
     cli.env["PYTHONPATH"] = os.pathsep.join(x for x in (str(SEAM), os.environ.get("PYTHONPATH")) if x)

@@ -1,7 +1,7 @@
 """Test seam: Ultralytics' multi-GPU (DDP) training on CPU "devices", with gloo.
 
 Ultralytics runs DDP only on GPUs, and CI has none. With ``ROCM_YOLO_TEST_CPU_DDP=1`` and
-this directory on ``PYTHONPATH`` (so every process of a run imports it at start-up: the
+``tests/seams`` on ``PYTHONPATH`` (so every process of a run imports its ``sitecustomize`` at start-up: the
 supervisor, the trainer, ``torch.distributed.run`` and each rank), ``--device 0,1`` means two
 CPU ranks. Once ``ultralytics.engine.trainer`` is imported, the seam changes what a GPU
 machine would decide differently, and nothing else:
@@ -38,10 +38,7 @@ The package never imports this module. It lives in ``tests/`` only.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
-import sys
 
 ENV = "ROCM_YOLO_TEST_CPU_DDP"
 DEVICES = "ultralytics.utils.torch_utils"  # select_device's home: patched before any module imports the name
@@ -139,25 +136,5 @@ def _patch_trainer(module) -> None:
 PATCHES = {DEVICES: _patch_devices, TRAINER: _patch_trainer, VALIDATOR: _patch_validator}
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Patches each module of :data:`PATCHES` right after it is executed, wherever it is first imported."""
-
-    def find_spec(self, name, path=None, target=None):
-        patch = PATCHES.get(name)
-        if patch is None:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return None
-        exec_module = spec.loader.exec_module
-
-        def exec_and_patch(module):
-            exec_module(module)
-            patch(module)
-
-        spec.loader.exec_module = exec_and_patch
-        return spec
-
-
-if os.environ.get(ENV) == "1" and not any(isinstance(f, _Finder) for f in sys.meta_path):
-    sys.meta_path.insert(0, _Finder())
+def active() -> bool:
+    return os.environ.get(ENV) == "1"

@@ -1,0 +1,40 @@
+"""The tests' seams (tests/seams) load together: Python imports only the first sitecustomize on its path."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SEAMS = Path(__file__).resolve().parents[1] / "seams"
+
+CHECK = """
+from rocm_yolo.supervisor.config import WatchdogConfig
+from ultralytics.utils.torch_utils import select_device
+try:
+    device = select_device("0,1", verbose=False)
+except Exception:
+    device = "refused"
+print(WatchdogConfig().kernel_log, device)
+"""
+
+
+def run(extra: dict) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("ROCM_YOLO_TEST_CPU_DDP", "ROCM_YOLO_TEST_KERNEL_LOG")}
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(SEAMS), os.environ.get("PYTHONPATH")) if x)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECK], env={**env, **extra}, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.splitlines()[-1].split()  # the last line: the check's own
+
+
+def test_both_seams_in_one_process(tmp_path):
+    log = tmp_path / "kern.log"
+    assert run({"ROCM_YOLO_TEST_CPU_DDP": "1", "ROCM_YOLO_TEST_KERNEL_LOG": str(log)}) == [str(log), "cpu"]
+
+
+def test_no_seam_unless_its_variable_is_set():
+    kernel_log, device = run({})
+    assert kernel_log == "None" and device != "cpu"  # this machine has no GPU 0,1: refused without the seam
