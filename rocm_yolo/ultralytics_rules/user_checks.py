@@ -10,7 +10,8 @@ USER_CHECKS = {
     "ultralytics.data.utils": ("check_det_dataset", "check_cls_dataset"),
     "ultralytics.utils.checks": ("check_file", "check_yaml", "check_imgsz", "check_model_file_from_stem"),
     "ultralytics.cfg": ("check_cfg", "check_dict_alignment", "get_cfg", "cfg2dict", "smart_value"),
-    "ultralytics.engine.trainer": ("check_resume",),
+    # check_resume; _build_train_pipeline: a final batch of 1 image at a tiny imgsz (BatchNorm gets one value)
+    "ultralytics.engine.trainer": ("check_resume", "_build_train_pipeline"),
     "ultralytics.data.build": ("check_source",),
     # a --device torch cannot see (no GPU, not a ROCm build of torch, an id past the last GPU)
     "ultralytics.utils.torch_utils": ("select_device",),

@@ -17,6 +17,7 @@ import pytest
 
 from helpers import TINY, Cli, rocm_lines, wait_for
 from rocm_yolo import errors
+from rocm_yolo.launch.demo import write_demo
 from rocm_yolo.run import checkpoints
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.supervisor_state import read_state
@@ -89,6 +90,17 @@ def test_an_injected_bug_is_an_internal_error_not_a_usage_error(cli, tiny_data, 
     assert str(paths.internal_error(1)) in line and "InjectedBug" in paths.internal_error(1).read_text()
     assert "restart" not in r.stdout and "error: " not in r.stdout.replace("internal error", "")
     assert read_state(paths.run_dir).state == "internal_error" and cli.leftovers() == []
+
+
+def test_a_check_ultralytics_makes_while_it_builds_the_loaders_is_the_users(cli, tmp_path):
+    """9 images in batches of 4 leave a last batch of 1, which Ultralytics refuses at imgsz 32 (BatchNorm would get
+    one value per channel) in _build_train_pipeline: a usage error in one line, not a rocm-yolo bug."""
+    data = write_demo(tmp_path / "nine", train=9, val=4, size=64)
+    r = cli.run("train", str(data), "--epochs", "1", *TINY, timeout=120)
+    one_error_line(r.stdout, r.returncode, errors.USAGE, "error")
+    paths = RunPaths(tmp_path / "runs" / "detect" / "train")
+    assert "internal error" not in r.stdout and not paths.internal_error(1).exists()
+    assert cli.leftovers() == []
 
 
 @contextlib.contextmanager
