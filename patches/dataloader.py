@@ -1,33 +1,49 @@
-"""Fork-safe DataLoaders: one patch on ``torch.utils.data.DataLoader.__init__``.
+"""Fork-safe DataLoaders: one patch on ``torch.utils.data.DataLoader.__init__``, keeping torch's contract.
 
 Every DataLoader created while the patch is installed, Ultralytics' ``InfiniteDataLoader``
 included (it calls ``DataLoader.__init__`` through ``super()``), gets the run's loader
-settings when it has worker processes:
+settings when it has worker processes. Whose settings win depends on who built the loader:
 
-- ``multiprocessing_context``: the profile's start method (the preloaded fork server,
-  :mod:`rocm_yolo.trainer.loaders.forkserver`, by default), unless the loader chose one itself (a
-  user's explicit ``start_method=`` wins over both);
-- ``persistent_workers``, ``prefetch_factor``, ``pin_memory`` and ``timeout`` from the profile;
-- ``worker_init_fn`` wrapped by :class:`WorkerInit`, which registers faulthandler in the
-  worker (workers made by spawn or the fork server inherit no signal handlers) and records
-  how the worker was made.
+- the run's own loaders, built by Ultralytics' trainer (:func:`loader_role` says "train" or
+  "val"): the profile's ``persistent_workers``, ``prefetch_factor``, ``pin_memory`` and
+  ``timeout`` replace Ultralytics' own choices (the profile is what keeps them from hanging,
+  and the start-up line says so); validation is capped at the profile's worker count;
+- any other loader (a user's own, torch's tests): what the caller passed wins. The profile
+  only fills what the caller left out (start method, ``prefetch_factor``, ``pin_memory``,
+  ``timeout``), never ``persistent_workers`` (torch's default, fresh workers every epoch, holds),
+  and a combination torch refuses (``num_workers=0`` with ``prefetch_factor``, ...) reaches
+  torch and is refused as torch refuses it;
 
-A loader with ``num_workers=0`` only gets ``pin_memory``: torch rejects the other settings
-there; under a ``threads`` setting (profile ``threads``) it is marked to load in threads of
-this process instead (:mod:`rocm_yolo.patches.threads`, installed with this patch). Loaders
-built while :func:`loader_role` says ``"val"`` are capped at the profile's validation worker
-count. The patch is idempotent (installing again only updates the
-settings) and :func:`uninstall` puts the original function object back.
+and in both, the start method is the profile's (the preloaded fork server,
+:mod:`rocm_yolo.trainer.loaders.forkserver`, by default) unless the loader chose one, and
+``worker_init_fn`` is wrapped by :class:`WorkerInit`, which registers faulthandler in the
+worker and records how the worker was made. Workers that are not this process's children
+(the fork server's) are watched by :mod:`rocm_yolo.patches.worker_deaths`, installed with this
+patch: one killed by a signal is reported as torch reports it, as fast.
+
+Before a loader whose workers start by a fork server or spawn is built, what they must receive
+is checked (:func:`check_sendable`, :func:`check_main_guard`): a dataset, ``worker_init_fn`` or
+``collate_fn`` defined inside a function, or a script without an ``if __name__ == "__main__":``
+guard, is refused in one line (:class:`LoaderArgumentError`), not by a traceback from inside
+a worker. The dataset's module is imported once by the fork server (:mod:`rocm_yolo.process.preimport`).
+
+A loader with ``num_workers=0`` under a ``threads`` setting (profile ``threads``) is marked to
+load in threads of this process instead (:mod:`rocm_yolo.patches.threads`, installed with this
+patch). The patch is idempotent (installing again only updates the settings) and
+:func:`uninstall` puts the original function object back.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import faulthandler
 import functools
 import inspect
 import json
 import os
+import pickle
+import sys
 import threading
 import time
 from pathlib import Path
@@ -35,7 +51,9 @@ from typing import Any, Callable, Mapping
 
 import torch.utils.data
 
-from rocm_yolo.patches import threads
+from rocm_yolo.errors import UsageError
+from rocm_yolo.patches import threads, worker_deaths
+from rocm_yolo.process import preimport
 from rocm_yolo.process.lifecycle import DUMP_SIGNAL, alive, die_with_parent  # DUMP_SIGNAL: the watchdog's stack dump
 from rocm_yolo.run import hooks
 from rocm_yolo.run.paths import RunPaths
@@ -81,6 +99,12 @@ _settings: LoaderSettings | None = None
 _run_dir: Path | None = None
 _role = threading.local()
 _built: list[dict] = []  # one entry per loader built under the patch, for the run log
+OWN_ROLES = ("train", "val")  # the run's loaders, built by Ultralytics' trainer: the profile's settings win
+SENT_BY_PICKLE = ("forkserver", "spawn")  # start methods whose workers receive the loader pickled
+
+
+class LoaderArgumentError(UsageError):
+    """A loader whose workers cannot start as configured (a ``ValueError``, as torch's own refusals)."""
 
 
 def installed() -> bool:
@@ -116,6 +140,7 @@ def install(loader_settings: LoaderSettings | Mapping[str, Any], run_dir: str | 
     _run_dir = Path(run_dir) if run_dir is not None else None
     if loader_settings.threads:
         threads.install()
+    worker_deaths.install()
     if _original_init is not None:
         return
     original = torch.utils.data.DataLoader.__dict__["__init__"]
@@ -127,11 +152,14 @@ def install(loader_settings: LoaderSettings | Mapping[str, Any], run_dir: str | 
         arguments = dict(bound.arguments)
         del arguments["self"]
         role, s = getattr(_role, "value", None), _settings
+        entry = None
         if s is not None:
-            arguments = _apply(arguments, s, role, type(self).__name__)
+            arguments, entry = _apply(arguments, s, role, type(self).__name__)
         original(self, **arguments)
-        if s is not None and s.threads and self.num_workers == 0:
-            _threads(self, s, role)
+        if entry is not None:
+            _built.append(entry)
+            if s.threads and self.num_workers == 0:
+                _threads(self, s, role)
 
     __init__.__rocm_yolo_patch__ = True
     torch.utils.data.DataLoader.__init__ = __init__
@@ -147,6 +175,7 @@ def uninstall() -> None:
     _original_init, _settings, _run_dir = None, None, None
     _built.clear()
     threads.uninstall()
+    worker_deaths.uninstall()
 
 
 def _threads(loader, s: LoaderSettings, role: str | None) -> None:
@@ -157,41 +186,172 @@ def _threads(loader, s: LoaderSettings, role: str | None) -> None:
         _built[-1].update(threads=plan.threads, prefetch_factor=plan.prefetch, timeout=plan.timeout)
 
 
-def _apply(arguments: dict, s: LoaderSettings, role: str | None, cls_name: str) -> dict:
-    requested = int(arguments.get("num_workers", 0) or 0)
-    workers = requested
-    if role == "val" and s.val_workers is not None:
-        workers = min(workers, s.val_workers)
-    arguments["num_workers"] = workers
+def _apply(arguments: dict, s: LoaderSettings, role: str | None, cls_name: str) -> tuple[dict, dict | None]:
+    """The arguments the original ``__init__`` gets, and the loader's entry for the run log (None: left to torch)."""
+    requested = arguments.get("num_workers", 0)
+    if isinstance(requested, bool) or not isinstance(requested, int) or requested < 0:
+        return arguments, None  # torch's own error
+    ours = role in OWN_ROLES
+    given = set(arguments)
+    workers = min(requested, s.val_workers) if ours and role == "val" and s.val_workers is not None else requested
+    if workers != requested:
+        arguments["num_workers"] = workers
+
+    def setting(key: str, value: Any) -> None:  # the run's loaders take the profile's; others keep their own
+        if ours or key not in given:
+            arguments[key] = value
+
     if s.pin_memory is not None:
-        arguments["pin_memory"] = s.pin_memory
+        setting("pin_memory", s.pin_memory)
     if workers > 0:
-        if arguments.get("multiprocessing_context") is None or s.start_method_explicit:
+        if arguments.get("multiprocessing_context") is None:  # a loader that chose its start method keeps it
             arguments["multiprocessing_context"] = s.start_method
-        arguments["persistent_workers"] = s.persistent_workers
-        arguments["prefetch_factor"] = s.prefetch_factor
-        arguments["timeout"] = s.timeout
+        if ours:
+            arguments["persistent_workers"] = s.persistent_workers
+        setting("prefetch_factor", s.prefetch_factor)
+        setting("timeout", s.timeout)
+        method = _start_method(arguments["multiprocessing_context"])
+        if method in SENT_BY_PICKLE:
+            check_sendable(arguments, method)
+            check_main_guard(method)
+            if method == "forkserver":
+                preimport.want(_modules(arguments))
         arguments["worker_init_fn"] = WorkerInit(arguments.get("worker_init_fn"), _run_dir, role)
-    else:
-        arguments["multiprocessing_context"] = None
-        arguments["persistent_workers"] = False
-        arguments["prefetch_factor"] = None
-    ctx = arguments.get("multiprocessing_context")
-    method = ctx if isinstance(ctx, str) or ctx is None else ctx.get_start_method()
-    _built.append(
-        {
-            "role": role or "other",
-            "class": cls_name,
-            "requested_workers": requested,
-            "workers": workers,
-            "start_method": method if workers else None,
-            "persistent_workers": arguments.get("persistent_workers", False),
-            "prefetch_factor": arguments.get("prefetch_factor"),
-            "pin_memory": bool(arguments.get("pin_memory", False)),
-            "timeout": arguments.get("timeout", 0),
-        }
+    elif requested > 0:  # the validation cap left none: what the loader set for its workers goes with them
+        for key in ("multiprocessing_context", "persistent_workers", "prefetch_factor"):
+            arguments.pop(key, None)
+    entry = {
+        "role": role or "other",
+        "class": cls_name,
+        "requested_workers": requested,
+        "workers": workers,
+        "start_method": _start_method(arguments.get("multiprocessing_context")) if workers else None,
+        "persistent_workers": bool(arguments.get("persistent_workers", False)),
+        "prefetch_factor": arguments.get("prefetch_factor"),
+        "pin_memory": bool(arguments.get("pin_memory", False)),
+        "timeout": arguments.get("timeout", 0),
+        "settings": "profile" if ours else "caller",
+    }
+    return arguments, entry
+
+
+def _start_method(context: Any) -> str | None:
+    """The start method a ``multiprocessing_context`` argument names (None for torch's default or a bad value)."""
+    if context is None or isinstance(context, str):
+        return context
+    try:
+        return context.get_start_method()
+    except Exception:  # noqa: BLE001 - not a context: torch refuses it with its own error
+        return None
+
+
+def _modules(arguments: Mapping) -> list[str]:
+    """The modules a worker imports to unpickle its dataset, ``worker_init_fn`` and ``collate_fn``."""
+    found = []
+    for obj in (arguments.get("dataset"), arguments.get("worker_init_fn"), arguments.get("collate_fn")):
+        if obj is None:
+            continue
+        owner = obj if inspect.isfunction(obj) or inspect.isclass(obj) else type(obj)
+        found.append(getattr(owner, "__module__", None))
+    return [m for m in found if m and m != "builtins"]
+
+
+def _reference_problem(obj: Any) -> str | None:
+    """Why ``obj`` cannot be pickled by reference (what a worker needs of it), or None."""
+    if isinstance(obj, functools.partial):
+        return _reference_problem(obj.func)
+    if inspect.ismethod(obj):
+        return _reference_problem(type(obj.__self__)) or _reference_problem(obj.__func__)
+    target = obj if inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj) else type(obj)
+    qualname = getattr(target, "__qualname__", "")
+    if qualname == "<lambda>":
+        return "is a lambda"
+    if "<locals>" in qualname:
+        return "is defined inside a function"
+    try:
+        pickle.dumps(target)  # by reference: the module and the name, never the data
+    except Exception as e:  # noqa: BLE001 - pickle raises several types
+        return f"cannot be pickled ({type(e).__name__})"
+    return None
+
+
+def _name(obj: Any) -> str:
+    if isinstance(obj, functools.partial):
+        obj = obj.func
+    owner = obj if inspect.isfunction(obj) or inspect.isclass(obj) or inspect.ismethod(obj) else type(obj)
+    return f"{getattr(owner, '__module__', '?')}.{getattr(owner, '__qualname__', repr(owner))}"
+
+
+def check_sendable(arguments: Mapping, method: str) -> None:
+    """Refuse, in one line, a dataset, ``worker_init_fn`` or ``collate_fn`` the workers cannot receive.
+
+    Workers started by ``method`` (a fork server or spawn) receive them pickled, and a class or
+    function defined inside a function pickles as nothing they can find: torch would fail in
+    every worker with "Can't pickle local object". Only the class or function is checked, by
+    reference; the dataset's data is never pickled here.
+    """
+    for what, obj in (
+        ("dataset", arguments.get("dataset")),
+        ("worker_init_fn", arguments.get("worker_init_fn")),
+        ("collate_fn", arguments.get("collate_fn")),
+    ):
+        if obj is None:
+            continue
+        problem = _reference_problem(obj if what != "dataset" else type(obj))
+        if problem:
+            raise LoaderArgumentError(
+                f"the DataLoader's {what} {_name(obj)} {problem}: its workers (started by {method}) "
+                f"receive it pickled and cannot find it; define it at the top level of a module"
+            )
+
+
+@functools.lru_cache(maxsize=8)
+def _guarded_lines(path: str) -> tuple[tuple[int, int], ...] | None:
+    """The line ranges of ``if __name__ == "__main__":`` blocks at the top of a script (None: unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+    def is_main_test(test: ast.expr) -> bool:
+        if not isinstance(test, ast.Compare) or len(test.ops) != 1 or not isinstance(test.ops[0], ast.Eq):
+            return False
+        sides = [test.left, *test.comparators]
+        names = [x for x in sides if isinstance(x, ast.Name) and x.id == "__name__"]
+        mains = [x for x in sides if isinstance(x, ast.Constant) and x.value == "__main__"]
+        return bool(names and mains)
+
+    return tuple(
+        (node.lineno, node.end_lineno or node.lineno)
+        for node in tree.body
+        if isinstance(node, ast.If) and is_main_test(node.test)
     )
-    return arguments
+
+
+def check_main_guard(method: str) -> None:
+    """Refuse, in one line, a loader built by a script's top-level code outside ``if __name__ == "__main__":``.
+
+    Each worker started by a fork server or spawn imports the main script again (multiprocessing
+    does, to find what was defined there): unguarded, it would run the script's training again
+    inside every worker. A script run with ``-m`` or from ``-c`` is not re-imported by path.
+    """
+    script = preimport.main_path()
+    if script is None:
+        return
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__":
+            guarded = _guarded_lines(script)
+            line = frame.f_lineno
+            if guarded is not None and not any(a <= line <= b for a, b in guarded):
+                raise LoaderArgumentError(
+                    f'{script}:{line} builds a DataLoader with workers outside `if __name__ == "__main__":`; '
+                    f"each worker (started by {method}) imports the script again and would run it: put the "
+                    f"script's training code under that guard"
+                )
+            return
+        frame = frame.f_back
 
 
 def describe(entry: Mapping) -> str:
@@ -206,10 +366,11 @@ def describe(entry: Mapping) -> str:
     if not entry["workers"]:
         pin = str(entry["pin_memory"]).lower()
         return f"{entry['role']} loader: workers=0{capped} (in the main process), pin_memory={pin}"
+    whose = " (the profile's settings, over Ultralytics' own)" if entry.get("settings") == "profile" else ""
     return (
         f"{entry['role']} loader: workers={entry['workers']}{capped} start={entry['start_method']} "
         f"persistent={str(entry['persistent_workers']).lower()} prefetch={entry['prefetch_factor']} "
-        f"pin_memory={str(entry['pin_memory']).lower()} timeout={entry['timeout']:g}"
+        f"pin_memory={str(entry['pin_memory']).lower()} timeout={entry['timeout']:g}{whose}"
     )
 
 

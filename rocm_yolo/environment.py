@@ -10,6 +10,8 @@ Between rocm-yolo's own processes (one sets it, a descendant reads it):
 - :data:`HEARTBEAT_FIFO`: on several GPUs, the launcher's FIFO each rank writes its heartbeat lines into;
 - :data:`TORCHRUN_PID`: on several GPUs, the ``torch.distributed.run`` each rank dies with;
 - :data:`TRAINER_PID`, :data:`RUN_DIR`: the trainer a fork server dies with, and where it records itself;
+- :data:`FORKSERVER_IMPORTS`: the file of modules the fork server imports before it forks
+  (:mod:`rocm_yolo.process.preimport`);
 - :data:`NODE`: on more than one machine, rocm-yolo's id of this node: every process of its tree writes its
   files into the node's own folder of the run (:class:`rocm_yolo.run.paths.RunPaths`).
 
@@ -48,6 +50,7 @@ HEARTBEAT_FIFO = "ROCM_YOLO_HEARTBEAT_FIFO"
 TORCHRUN_PID = "ROCM_YOLO_TORCHRUN_PID"
 TRAINER_PID = "ROCM_YOLO_TRAINER_PID"
 RUN_DIR = "ROCM_YOLO_RUN_DIR"
+FORKSERVER_IMPORTS = "ROCM_YOLO_FORKSERVER_IMPORTS"
 NODE = "ROCM_YOLO_NODE"
 
 # set by users

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Callable, Mapping
 
 from rocm_yolo.errors import UsageError
@@ -147,7 +147,6 @@ class LoaderSettings:
     start_method: str = (
         "forkserver"  # a fork server with torch and Ultralytics preloaded (rocm_yolo.trainer.loaders.forkserver)
     )
-    start_method_explicit: bool = False  # the user chose it: loaders that set their own keep theirs otherwise
     threads: int = 0  # with workers=0: loader threads in the trainer process (profile threads); 0: the main thread
 
     def to_dict(self) -> dict:
@@ -155,7 +154,8 @@ class LoaderSettings:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "LoaderSettings":
-        return cls(**d)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})  # a key an older rocm-yolo wrote is dropped
 
     def describe(self, workers: int | None = None) -> str:
         """One line: what a loader with ``workers`` workers really uses."""
@@ -327,7 +327,6 @@ def _loader(profile: Profile, given: Mapping[str, object], workers: int, threads
         pin_memory=given.get("pin_memory", profile.pin_memory),
         timeout=given.get("timeout", profile.timeout),
         start_method=given.get("start_method", LoaderSettings.start_method),
-        start_method_explicit="start_method" in given,
         threads=threads,
     )
 

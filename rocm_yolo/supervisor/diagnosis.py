@@ -25,6 +25,7 @@ taken out.
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass, field
 
 from rocm_yolo.gpu.kernel_log import kinds, victims
@@ -324,6 +325,24 @@ def root_cause(launcher: str) -> tuple[int, int] | None:
     return (int(found[-1][0]), int(found[-1][1])) if found else None
 
 
+_WORKER_SIGNAL = re.compile(r"DataLoader worker \(pid \d+\) is killed by signal: ([^.\n]+)|pid \d+ killed by (SIG\w+)")
+
+
+def _sigkill_note(e: Evidence) -> str:
+    """For a worker killed by SIGKILL: who usually sends it, and what the kernel log said of it."""
+    found = _WORKER_SIGNAL.findall(f"{e.stderr}\n{e.traceback}")
+    if not found:
+        return ""
+    torch_words, ours = found[-1]
+    if torch_words.strip() != signal.strsignal(signal.SIGKILL) and ours != signal_name(signal.SIGKILL):
+        return ""
+    if e.kernel_source.startswith("kernel log not readable"):
+        seen = f"the {e.kernel_source} to confirm it: see `dmesg` or `journalctl -k`"
+    else:
+        seen = "the kernel log has no OOM-killer line of the run's processes"
+    return f"; SIGKILL usually comes from the kernel's out-of-memory killer ({seen})"
+
+
 def _crash(e: Evidence, text: str, kernel: dict[str, list[str]]) -> Diagnosis:
     first = root_cause(e.launcher) if e.multi_gpu else None
     if first is not None and first[1] < 0:  # a rank killed by a signal: the others' errors are its consequences
@@ -336,7 +355,8 @@ def _crash(e: Evidence, text: str, kernel: dict[str, list[str]]) -> Diagnosis:
     ):
         m = rx.search(text)
         if m and (cls != COLLECTIVE or e.multi_gpu):
-            return Diagnosis(cls, f"{title} ({m[0].strip()[:160]})", f"{cls}: {normalized(m[0])}", (m[0].strip(),))
+            title = f"{title} ({m[0].strip()[:160]})" + (_sigkill_note(e) if cls == LOADER else "")
+            return Diagnosis(cls, title, f"{cls}: {normalized(m[0])}", (m[0].strip(),))
     hung = [kind for kind in _KERNEL_HANG if kind in kernel]
     if hung:
         lines = [line for kind in hung for line in kernel[kind]]

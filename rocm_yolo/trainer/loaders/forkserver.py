@@ -12,7 +12,9 @@ server fixes that without giving up what spawn is for:
   (the pin-memory thread, a decoding thread): the two things ``fork`` from the trainer gets
   wrong. CPython 3.14 made forkserver its Linux default for the same reason.
 - a worker is a fork of that server: it starts in milliseconds, already has torch and
-  Ultralytics imported, and reads its dataset at once, so workers start together.
+  Ultralytics imported, and reads its dataset at once, so workers start together. A dataset
+  defined elsewhere has its module imported by the server too, once, before its next fork
+  (:mod:`rocm_yolo.process.preimport`): not once in every worker.
 
 The server records what it is in ``RUN/rocm_yolo/forkserver.json`` (threads, GPU device
 files open) and dies with the trainer (``PR_SET_PDEATHSIG``); each worker dies with the
@@ -27,6 +29,9 @@ import multiprocessing.forkserver
 import os
 
 from rocm_yolo import environment
+from rocm_yolo.process import preimport
+from rocm_yolo.run.devices import rank
+from rocm_yolo.run.paths import RunPaths
 
 PRELOAD = "rocm_yolo.trainer.loaders.preload"  # the module the server imports (torch, Ultralytics' data modules)
 SINGLE_THREADED = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # unless the user set them
@@ -41,6 +46,14 @@ def start(run_dir: str | os.PathLike) -> None:
     """
     os.environ[environment.TRAINER_PID] = str(os.getpid())  # the server dies with it
     os.environ[environment.RUN_DIR] = str(run_dir)  # where the server records itself
+    imports = RunPaths(run_dir).forkserver_imports(rank())  # the datasets' modules, imported once by the server
+    try:
+        imports.parent.mkdir(parents=True, exist_ok=True)
+        imports.write_text("")
+        preimport.reset()
+        os.environ[environment.FORKSERVER_IMPORTS] = str(imports)
+    except OSError:
+        os.environ.pop(environment.FORKSERVER_IMPORTS, None)  # every worker then imports them itself
     multiprocessing.get_context("forkserver").set_forkserver_preload([PRELOAD])
     # The server and its workers need no math thread pools (torch sets one thread per worker
     # anyway): the server then forks with no idle pool thread beside its main thread.

@@ -12,6 +12,7 @@ import os
 import time
 
 from rocm_yolo import environment
+from rocm_yolo.process import preimport
 from rocm_yolo.process.lifecycle import die_with_parent
 from rocm_yolo.run.devices import rank
 from rocm_yolo.run.paths import RunPaths
@@ -93,4 +94,23 @@ def _preload() -> None:
             pass
 
 
+def _import_before_fork() -> None:
+    """Import the modules the next workers will need (:mod:`rocm_yolo.process.preimport`) before each fork.
+
+    multiprocessing's server loop calls ``os.fork()`` for each worker it is asked for; in this
+    process only, that name imports the new wanted modules first, so each worker inherits them.
+    """
+    fork = os.fork
+    if getattr(fork, "__rocm_yolo_patch__", False) or preimport.path() is None:
+        return
+
+    def fork_after_imports() -> int:
+        preimport.import_wanted()
+        return fork()
+
+    fork_after_imports.__rocm_yolo_patch__ = True
+    os.fork = fork_after_imports
+
+
 _preload()
+_import_before_fork()

@@ -41,24 +41,68 @@ def test_install_is_idempotent_and_uninstall_restores_exactly(installed):
     patch.uninstall()  # a no-op
 
 
-def test_loaders_with_workers_get_the_profile(installed):
+def test_the_runs_own_loaders_get_the_profile_over_ultralytics_own_choices(installed):
     installed(resolve("safe", 2, {"timeout": 30}, cpu_count=4).loader)
-    dl = DataLoader(DATA, batch_size=4, num_workers=2, prefetch_factor=8, persistent_workers=True, pin_memory=True)
+    with patch.loader_role("train"):
+        dl = DataLoader(DATA, batch_size=4, num_workers=2, prefetch_factor=8, persistent_workers=True, pin_memory=True)
     assert dl.multiprocessing_context.get_start_method() == "forkserver"
     assert (dl.persistent_workers, dl.prefetch_factor, dl.pin_memory, dl.timeout) == (False, 2, False, 30)
     assert isinstance(dl.worker_init_fn, patch.WorkerInit)
+    assert "(the profile's settings, over Ultralytics' own)" in patch.describe(patch.built_loaders()[-1])
 
 
-def test_positional_arguments_and_an_explicit_context_are_respected(installed):
+def test_any_other_loader_keeps_what_its_caller_passed_and_gets_the_profile_only_as_defaults(installed):
+    installed(resolve("fast", 2, {"timeout": 30, "prefetch_factor": 3}, cpu_count=4).loader)  # fast: persistent
+    mine = DataLoader(DATA, batch_size=4, num_workers=2, prefetch_factor=8, pin_memory=False, timeout=1)
+    assert (mine.persistent_workers, mine.prefetch_factor, mine.pin_memory, mine.timeout) == (False, 8, False, 1)
+    bare = DataLoader(DATA, batch_size=4, num_workers=2)
+    assert not bare.persistent_workers  # never forced: torch's fresh workers every epoch hold
+    assert (bare.prefetch_factor, bare.timeout) == (3, 30)  # what the caller left out
+    assert bare.multiprocessing_context.get_start_method() == "forkserver"
+    asked = DataLoader(DATA, batch_size=4, num_workers=2, persistent_workers=True)
+    assert asked.persistent_workers
+    assert "profile" not in patch.describe(patch.built_loaders()[-1])
+
+
+def test_positional_arguments_and_a_loaders_own_context_are_respected(installed):
     installed(resolve("fast", 2, cpu_count=4).loader)
     dl = DataLoader(DATA, 4, False, None, None, 2, multiprocessing_context="spawn")
     assert dl.num_workers == 2 and dl.multiprocessing_context.get_start_method() == "spawn"
-    installed(resolve("fast", 2, {"start_method": "forkserver"}, cpu_count=4).loader)  # the user's choice wins
+    installed(resolve("fast", 2, {"start_method": "fork"}, cpu_count=4).loader)  # the profile's: a default only
     dl = DataLoader(DATA, batch_size=4, num_workers=2, multiprocessing_context="spawn")
-    assert dl.multiprocessing_context.get_start_method() == "forkserver"
+    assert dl.multiprocessing_context.get_start_method() == "spawn"
+    assert DataLoader(DATA, batch_size=4, num_workers=2).multiprocessing_context.get_start_method() == "fork"
 
 
-def test_zero_workers_get_nothing_torch_rejects(installed):
+def test_invalid_ctor_args_combinations_are_refused_as_torch_refuses_them(installed):
+    """Follows torch's test_invalid_ctor_args_combinations: the patch drops none of them."""
+    cases = (
+        {"num_workers": 0, "multiprocessing_context": "spawn"},
+        {"num_workers": 0, "prefetch_factor": 2},
+        {"num_workers": 0, "persistent_workers": True},
+        {"num_workers": -1},
+        {"num_workers": 2, "multiprocessing_context": object()},
+        {"num_workers": 2, "multiprocessing_context": "no-such-method"},
+    )
+
+    def refusals() -> list:
+        found = []
+        for kwargs in cases:
+            try:
+                DataLoader(DATA, **kwargs)
+                found.append(None)
+            except Exception as e:  # noqa: BLE001 - whatever torch raises, the patched loader must raise the same
+                found.append(type(e))
+        return found
+
+    plain = refusals()
+    assert None not in plain  # torch refuses every one
+    installed(resolve("fast", 2, cpu_count=4).loader)
+    assert refusals() == plain
+    assert patch.built_loaders() == []  # a refused loader is not in the run log
+
+
+def test_zero_workers_are_left_as_torch_has_them(installed):
     installed(resolve("fast", 2, cpu_count=4).loader)
     dl = DataLoader(DATA, batch_size=4, num_workers=0)
     assert dl.multiprocessing_context is None and dl.prefetch_factor is None and not dl.persistent_workers
@@ -79,7 +123,8 @@ def test_ultralytics_infinite_loader_is_patched_too(installed):
     from ultralytics.data.build import InfiniteDataLoader
 
     installed(resolve("fast", 2, {"prefetch_factor": 3}, cpu_count=4).loader)
-    dl = InfiniteDataLoader(DATA, batch_size=4, num_workers=2, prefetch_factor=4)
+    with patch.loader_role("train"):
+        dl = InfiniteDataLoader(DATA, batch_size=4, num_workers=2, prefetch_factor=4)
     assert dl.multiprocessing_context.get_start_method() == "forkserver" and dl.prefetch_factor == 3
 
 

@@ -36,7 +36,7 @@ def test_profiles_are_frozen_and_match_the_issue():
 
 def test_fast_takes_requested_workers_from_the_forkserver_and_persistence():
     r = resolve("fast", 2, cpu_count=8)
-    assert r.loader.workers == 2 and r.loader.start_method == "forkserver" and not r.loader.start_method_explicit
+    assert r.loader.workers == 2 and r.loader.start_method == "forkserver"
     assert r.loader.persistent_workers and r.loader.prefetch_factor == 4 and r.val
     assert resolve("fast", None, cpu_count=8).loader.workers == 4
 
@@ -95,7 +95,7 @@ def test_overrides_merge_onto_the_profile():
     r = resolve("safe", 2, {"persistent_workers": "true", "prefetch_factor": 3, "pin_memory": True}, cpu_count=4)
     assert r.loader.persistent_workers and r.loader.prefetch_factor == 3 and r.loader.pin_memory is True
     fork = resolve("fast", 1, {"start_method": "fork"}, cpu_count=4)
-    assert fork.loader.start_method == "fork" and fork.loader.start_method_explicit
+    assert fork.loader.start_method == "fork"
     assert any("fork" in w for w in fork.warnings)
 
 

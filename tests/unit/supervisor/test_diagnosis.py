@@ -209,3 +209,18 @@ def test_any_hip_error_of_the_training_step_is_the_gpus_but_its_out_of_memory_is
     assert code.cls == GPU_FAULT and code.title == "GPU error (HIP error: invalid device function)"
     oom = diagnose(Evidence("crash", 1, traceback=traceback("RuntimeError: HIP error: out of memory")))
     assert oom.cls == GPU_OOM
+
+
+def test_a_worker_killed_by_sigkill_names_the_usual_sender_and_what_the_kernel_log_said():
+    import signal
+
+    killed = f"RuntimeError: DataLoader worker (pid 4251) is killed by signal: {signal.strsignal(signal.SIGKILL)}."
+    quiet = diagnose(Evidence("crash", exit_code=1, traceback=traceback(killed), kernel_source="/dev/kmsg"))
+    assert quiet.cls == LOADER and "out-of-memory killer" in quiet.title and "no OOM-killer line" in quiet.title
+    unreadable = "kernel log not readable (dmesg: permission denied)"
+    closed = diagnose(Evidence("crash", exit_code=1, traceback=traceback(killed), kernel_source=unreadable))
+    assert "out-of-memory killer" in closed.title and unreadable in closed.title
+    ours = "RuntimeError: DataLoader worker (pid(s) 4251) exited unexpectedly: pid 4251 killed by SIGKILL"
+    assert "out-of-memory killer" in diagnose(Evidence("crash", exit_code=1, traceback=traceback(ours))).title
+    segv = f"RuntimeError: DataLoader worker (pid 4251) is killed by signal: {signal.strsignal(signal.SIGSEGV)}."
+    assert "out-of-memory" not in diagnose(Evidence("crash", exit_code=1, traceback=traceback(segv))).title
