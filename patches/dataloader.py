@@ -27,8 +27,8 @@ is checked (:func:`check_sendable`, :func:`check_main_guard`): a dataset, ``work
 guard, is refused in one line (:class:`LoaderArgumentError`), not by a traceback from inside
 a worker. The dataset's module is imported once by the fork server (:mod:`rocm_yolo.process.preimport`).
 
-A loader with ``num_workers=0`` under a ``threads`` setting (profile ``threads``) is marked to
-load in threads of this process instead (:mod:`rocm_yolo.patches.threads`, installed with this
+One of the run's own loaders with ``num_workers=0`` under a ``threads`` setting (profile ``threads``)
+is marked to load in threads of this process instead (:mod:`rocm_yolo.patches.threads`, installed with this
 patch). The patch is idempotent (installing again only updates the settings) and
 :func:`uninstall` puts the original function object back.
 """
@@ -158,7 +158,7 @@ def install(loader_settings: LoaderSettings | Mapping[str, Any], run_dir: str | 
         original(self, **arguments)
         if entry is not None:
             _built.append(entry)
-            if s.threads and self.num_workers == 0:
+            if s.threads and self.num_workers == 0 and role in OWN_ROLES:  # another loader loads as built
                 _threads(self, s, role)
 
     __init__.__rocm_yolo_patch__ = True

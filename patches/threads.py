@@ -40,7 +40,7 @@ reseeds from ``torch.initial_seed()``, which all threads share); its effect is r
 the seeding above. ``get_worker_info()`` stays None, as in the main process.
 
 The patch is one class attribute, ``DataLoader._get_iterator``: loaders the DataLoader
-patch marked with :func:`attach` (``num_workers=0`` under a ``threads`` setting) get a
+patch marked with :func:`attach` (the run's own, ``num_workers=0`` under a ``threads`` setting) get a
 :class:`ThreadedLoaderIter`; every other loader gets torch's own iterator. :func:`install`
 is idempotent; :func:`uninstall` puts the original function object back.
 """

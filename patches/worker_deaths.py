@@ -11,7 +11,9 @@ are not children of this process: it waits for data in steps of :data:`POLL` sec
 them, reads each worker's exit status (the fork server sends it down the worker's sentinel pipe,
 so reading it costs a non-blocking ``poll``). A worker that exited with a signal or a non-zero
 code raises torch's two errors, in torch's words; where torch's own status check saw the death
-first, its error gets the line it lacks as its cause. Everything else (timeouts, a worker's own
+first, its error gets the line it lacks as its cause; and where the data queue broke as the worker
+died handing over a batch (``ConnectionResetError``, ``EOFError``), the death the server reports a
+moment later is named instead. Everything else (timeouts, a worker's own
 exception, the pin-memory thread) is torch's unchanged. Idempotent; :func:`uninstall` restores
 the original function object.
 """
@@ -26,6 +28,7 @@ from torch.utils.data import _utils
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 POLL = 0.1  # seconds between two looks at the workers' exit status
+REPORT_WAIT = 2.0  # a broken queue: how long the fork server may take to report the death that broke it
 
 _original = None
 
@@ -52,6 +55,9 @@ def install() -> None:
                 success, data = original(self, max(0.0, min(POLL, left)))
             except RuntimeError as e:  # torch's own check saw the death first: its error, with the line it lacks
                 _raise_with_cause(self, e)
+                raise
+            except (ConnectionError, EOFError):  # the queue broke as a worker died handing over a batch
+                _raise_if_one_died(self, wait=REPORT_WAIT)
                 raise
             if success or left <= POLL:
                 return success, data
@@ -113,15 +119,21 @@ def _raise_with_cause(iterator, error: RuntimeError) -> None:
                 raise RuntimeError(*error.args) from line
 
 
-def _raise_if_one_died(iterator) -> None:
-    for worker_id, w in enumerate(iterator._workers):
-        if not iterator._workers_status[worker_id]:
-            continue  # shut down on purpose (an iterable dataset's exhausted worker)
-        code = w.exitcode  # a non-blocking look at the sentinel pipe
-        if code is None or code == 0:
-            continue
-        iterator._mark_worker_as_unavailable(worker_id)
-        try:
-            raise RuntimeError(cause(w.pid, code))
-        except RuntimeError as e:
-            raise RuntimeError(f"DataLoader worker (pid(s) {w.pid}) exited unexpectedly") from e
+def _raise_if_one_died(iterator, wait: float = 0.0) -> None:
+    """torch's errors for the first worker that exited with a signal or an error, looking for up to ``wait`` s."""
+    deadline = time.monotonic() + wait
+    while True:
+        for worker_id, w in enumerate(iterator._workers):
+            if not iterator._workers_status[worker_id]:
+                continue  # shut down on purpose (an iterable dataset's exhausted worker)
+            code = w.exitcode  # a non-blocking look at the sentinel pipe
+            if code is None or code == 0:
+                continue
+            iterator._mark_worker_as_unavailable(worker_id)
+            try:
+                raise RuntimeError(cause(w.pid, code))
+            except RuntimeError as e:
+                raise RuntimeError(f"DataLoader worker (pid(s) {w.pid}) exited unexpectedly") from e
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.02)

@@ -116,12 +116,7 @@ def test_trainer_blocking_forever_before_the_first_checkpoint_restarts_in_the_sa
     assert not (tmp_path / "runs" / "detect" / "train-2").exists()
 
 
-def test_worker_killed_with_sigkill(cli, tiny_data, tmp_path):
-    """Killed by the OOM killer, as the (fake) kernel log says: host out of memory, the victim named, and the
-    ladder's next rung (safe: fewer workers) as its remedy."""
-    run = tmp_path / "runs" / "detect" / "train"
-    kernel = with_kernel_log(cli, tmp_path)
-    proc = cli.start("train", str(tiny_data), "--epochs", "3", *WATCH, *TINY)
+def _live_worker_in_epoch_2(run, proc) -> int:
     deadline = time.monotonic() + 180
     victim = None
     while victim is None and time.monotonic() < deadline and proc.poll() is None:
@@ -132,6 +127,16 @@ def test_worker_killed_with_sigkill(cli, tiny_data, tmp_path):
             victim = alive[0] if alive else None
         time.sleep(0.05)
     assert victim is not None, "no live worker found in epoch 2"
+    return victim
+
+
+def test_worker_killed_with_sigkill(cli, tiny_data, tmp_path):
+    """Killed by the OOM killer, as the (fake) kernel log says: host out of memory, the victim named, and the
+    ladder's next rung (safe: fewer workers) as its remedy."""
+    run = tmp_path / "runs" / "detect" / "train"
+    kernel = with_kernel_log(cli, tmp_path)
+    proc = cli.start("train", str(tiny_data), "--epochs", "3", *WATCH, *TINY)
+    victim = _live_worker_in_epoch_2(run, proc)
     killed_at = time.time()
     with open(kernel, "a") as f:
         f.write(kernel_line("usb 1-1: new device"))
@@ -148,6 +153,26 @@ def test_worker_killed_with_sigkill(cli, tiny_data, tmp_path):
     assert crash["class"] == "host-oom" and f"the OOM killer killed python (pid {victim})" in crash["message"]
     report = trace.read_text().split("--- rocm-yolo diagnosis:")[1]
     assert "Out of memory: Killed process" in report and "usb 1-1" not in report  # the kernel's lines that matter
+
+
+def test_a_worker_killed_with_sigkill_and_no_kernel_line_is_named_with_its_signal_and_usual_sender(
+    cli, tiny_data, tmp_path
+):
+    """Issue 27, item 3: the error names the worker's pid and signal (as torch does for its own children, also for a
+    fork-server worker), and the watchdog's line says who usually sends SIGKILL and that the kernel log has no line."""
+    run = tmp_path / "runs" / "detect" / "train"
+    with_kernel_log(cli, tmp_path)  # readable, and no OOM-killer line in it
+    proc = cli.start("train", str(tiny_data), "--epochs", "3", *WATCH, *TINY)
+    victim = _live_worker_in_epoch_2(run, proc)
+    os.kill(victim, signal.SIGKILL)
+    proc.wait(timeout=240)
+    out = cli.read()
+    check_recovered(cli, type("R", (), {"returncode": proc.returncode, "stdout": out}), run, 3)
+    [crash] = events(run, "crash")
+    trace = (run / "crash-1.txt").read_text()
+    assert f"(pid {victim})" in trace and signal.strsignal(signal.SIGKILL) in trace  # the cause torch would give
+    assert crash["class"] == "loader" and str(victim) in crash["message"]
+    assert "out-of-memory killer" in crash["message"] and "no OOM-killer line" in crash["message"], crash["message"]
 
 
 FAULTY = [*TINY, "--epochs", "1", "--stall-timeout", str(STALL), "--startup-grace", "90"]

@@ -71,11 +71,13 @@ class Draws(Dataset):
 def test_marked_loaders_load_in_order_in_threads_and_leave_the_main_generators_alone(installed):
     plain = DataLoader(Draws(), batch_size=4)  # built before the patch: torch's own iterator
     installed(THREADS)
-    dl = DataLoader(Draws(), batch_size=4)
+    with patch.loader_role("train"):  # the run's own loaders load in threads; any other as its caller built it
+        dl = DataLoader(Draws(), batch_size=4)
     assert dl.num_workers == 0 and dl.prefetch_factor is None and dl.timeout == 0  # what torch accepts
     assert patch.describe(patch.built_loaders()[-1]) == (
-        "other loader: workers=0 threads=2 (in the trainer process) prefetch=2 pin_memory=false timeout=0"
+        "train loader: workers=0 threads=2 (in the trainer process) prefetch=2 pin_memory=false timeout=0"
     )
+    assert type(iter(DataLoader(Draws(), batch_size=4))).__name__ == "_SingleProcessDataLoaderIter"
     assert type(iter(plain)).__name__ == "_SingleProcessDataLoaderIter"
 
     def one_pass():
@@ -91,7 +93,7 @@ def test_marked_loaders_load_in_order_in_threads_and_leave_the_main_generators_a
     random.seed(7), np.random.seed(7)
     dl.generator = torch.Generator().manual_seed(1)  # the loader's generator gives the threads' base seed
     names, first = one_pass()
-    assert names == ["rocm-yolo-other-loader-0", "rocm-yolo-other-loader-1"]
+    assert names == ["rocm-yolo-train-loader-0", "rocm-yolo-train-loader-1"]
     assert first[:, 0].tolist() == list(range(16))  # in order, whatever thread finished first
     assert (random.random(), float(np.random.uniform())) == expected  # the loader threads drew from their own
     dl.generator = torch.Generator().manual_seed(1)
@@ -119,7 +121,8 @@ class Stuck(Dataset):
 def test_timeout_and_errors_reach_the_trainer_like_torch_workers(installed):
     installed(resolve("threads", None, {"timeout": 1}, cpu_count=2).loader)
     data = Stuck()
-    it = iter(DataLoader(data, batch_size=2))
+    with patch.loader_role("train"):
+        it = iter(DataLoader(data, batch_size=2))
     assert next(it).tolist() == [0, 1] and next(it).tolist() == [2, 3]
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="DataLoader timed out after 1 seconds"):
@@ -132,7 +135,8 @@ def test_timeout_and_errors_reach_the_trainer_like_torch_workers(installed):
         t.join(timeout=10)
     assert not any(t.is_alive() for t in it._workers)
     data.fail = True
-    it = iter(DataLoader(data, batch_size=2))
+    with patch.loader_role("train"):
+        it = iter(DataLoader(data, batch_size=2))
     assert next(it).tolist() == [0, 1] and next(it).tolist() == [2, 3]
     with pytest.raises(ValueError, match="(?s)Caught ValueError in DataLoader loader thread 0.*bad label file"):
         next(it)  # batch 2 = items 4, 5: thread 0 (round-robin, as torch assigns workers)
@@ -152,7 +156,8 @@ def yolo_batches(data_yaml: Path, settings, seed: int, workers: int = 0, epochs:
         init_seeds(seed, deterministic=True)  # what Ultralytics' trainer does with seed= and deterministic=True
         data = check_det_dataset(str(data_yaml))
         dataset = build_yolo_dataset(get_cfg(overrides={"imgsz": 64}), data["train"], 4, data, mode="train")
-        loader = build_dataloader(dataset, 4, workers, shuffle=True)
+        with patch.loader_role("train"):  # as the trainer builds it: the run's loader, the profile's settings
+            loader = build_dataloader(dataset, 4, workers, shuffle=True)
         out = []
         for _ in range(epochs):
             for b in loader:
