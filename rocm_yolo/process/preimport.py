@@ -14,9 +14,11 @@ file, and the server imports the new names of that file before its next fork:
   looked. A module that fails to import is skipped: the worker then imports it itself and
   reports its error as it would have.
 
-``__main__`` stands for the main script (a guarded one: see
-:func:`rocm_yolo.patches.dataloader.check_main_guard`), imported as multiprocessing's own
-``__main__`` preload does. Light and torch-free: the server runs it before it imports anything.
+The server must stay free of GPU state and threads (that is what its workers must not inherit):
+a module is imported there only if a trial import in a fork of the server opened no GPU device
+file and started no thread; the main script, whose top-level code may do either, never is.
+multiprocessing then imports those in each worker, as without rocm-yolo. Light and torch-free:
+the server runs it before it imports anything.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def want(names: Iterable[str]) -> list[str]:
     new = [n for n in dict.fromkeys(names) if n and n not in _written and _needed(n)]
     if not new:
         return []
-    lines = [json.dumps({"main": main_path()} if n == MAIN else {"module": n, "sys_path": sys.path}) for n in new]
+    lines = [json.dumps({"module": n, "sys_path": sys.path}) for n in new]
     try:
         with open(target, "a") as f:
             f.write("".join(line + "\n" for line in lines))
@@ -67,9 +69,8 @@ def want(names: Iterable[str]) -> list[str]:
 
 
 def _needed(name: str) -> bool:
-    if name == MAIN:
-        return main_path() is not None
-    return name not in sys.builtin_module_names and not name.startswith("rocm_yolo.")
+    """Not the main script (see above), not a built-in, not rocm-yolo's own (the preload's business)."""
+    return name != MAIN and name not in sys.builtin_module_names and not name.startswith("rocm_yolo.")
 
 
 def main_path() -> str | None:
@@ -99,30 +100,46 @@ def import_wanted() -> list[str]:
     for line in complete.decode("utf-8", "replace").splitlines():
         try:
             wanted = json.loads(line)
-            if wanted.get("main"):
-                _import_main(wanted["main"])
-            else:
-                for entry in wanted.get("sys_path") or ():
-                    if entry not in sys.path:
-                        sys.path.append(entry)
-                if wanted["module"] not in sys.modules:
-                    __import__(wanted["module"])
-            done.append(wanted.get("module") or MAIN)
+            for entry in wanted.get("sys_path") or ():
+                if entry not in sys.path:
+                    sys.path.append(entry)
+            if wanted["module"] not in sys.modules and _clean_import(wanted["module"]):
+                __import__(wanted["module"])
+                done.append(wanted["module"])
         except BaseException:  # noqa: BLE001 - the worker imports it itself and reports its error
             continue
     return done
 
 
-def _import_main(script: str) -> None:
-    import multiprocessing.process
-    import multiprocessing.spawn
+GPU_DEVICES = ("/dev/kfd", "/dev/dri/", "/dev/nvidia")  # a process holding one of these has GPU runtime state
 
-    main = sys.modules.get("__main__")
-    if getattr(main, "__file__", None) == script:
-        return
-    process = multiprocessing.process.current_process()
-    process._inheriting = True  # as multiprocessing's forkserver does for its own "__main__" preload
-    try:
-        multiprocessing.spawn.import_main_path(script)
-    finally:
-        del process._inheriting
+
+def gpu_files() -> list[str]:
+    """The GPU device files this process holds open (a fork server must hold none)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(GPU_DEVICES):
+            found.append(target)
+    return found
+
+
+def _clean_import(name: str) -> bool:
+    """Whether importing ``name`` leaves a process as a fork server must stay: no GPU file open, no new thread.
+
+    Tried first in a fork of this process, which then exits: a module that touches the GPU or
+    starts a thread when imported is left to each worker to import, as without rocm-yolo.
+    """
+    pid = os.fork()
+    if pid == 0:  # the probe: nothing of it reaches the server but its exit status
+        code = 1
+        try:
+            __import__(name)
+            code = 0 if not gpu_files() and len(os.listdir("/proc/self/task")) == 1 else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0

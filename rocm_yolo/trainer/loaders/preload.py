@@ -17,8 +17,6 @@ from rocm_yolo.process.lifecycle import die_with_parent
 from rocm_yolo.run.devices import rank
 from rocm_yolo.run.paths import RunPaths
 
-_GPU_DEVICES = ("/dev/kfd", "/dev/dri/", "/dev/nvidia")
-
 
 def _threads() -> list[str]:
     names = []
@@ -29,18 +27,6 @@ def _threads() -> list[str]:
         except OSError:
             continue
     return names
-
-
-def _gpu_files() -> list[str]:
-    found = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(_GPU_DEVICES):
-            found.append(target)
-    return found
 
 
 def _import_worker_modules() -> tuple[str | None, str | None]:
@@ -82,7 +68,7 @@ def _preload() -> None:
             "ultralytics": version,  # what the workers run (the lower-bound tests check it)
             "python_threads": threading.active_count(),
             "native_threads": _threads(),
-            "gpu_files": _gpu_files(),
+            "gpu_files": preimport.gpu_files(),
             "time": time.time(),
             "preload_error": error,
         }

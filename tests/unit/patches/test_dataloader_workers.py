@@ -112,6 +112,8 @@ def test_a_local_dataset_or_function_is_refused_in_one_line_before_any_worker_st
 
 
 def test_the_fork_server_imports_a_datasets_module_once_not_in_every_worker(trainer):
+    """Follows the cost torch's test_iterable_style_dataset and test_ind_worker_queue showed: a module import per
+    worker."""
     import loader_heavy_import
 
     log = trainer / "imports.log"
@@ -120,7 +122,10 @@ def test_the_fork_server_imports_a_datasets_module_once_not_in_every_worker(trai
         assert sorted(x for b in loader for x in b.tolist()) == list(range(8))
     server = json.loads(RunPaths(trainer).forkserver().read_text())["pid"]
     importers = [int(x) for x in log.read_text().split()]
-    assert importers == [os.getpid(), server]  # this process and the server: none of the 6 workers
+    workers = {json.loads(x)["pid"] for x in RunPaths(trainer).workers.read_text().splitlines()}
+    # this process, the server's trial import in a fork of itself, then the server: none of the 6 workers
+    assert len(importers) == 3 and importers[0] == os.getpid() and importers[2] == server, importers
+    assert not workers & set(importers) and len(workers) >= 6
     assert "loader_heavy_import" in RunPaths(trainer).forkserver_imports().read_text()
 
 
@@ -154,3 +159,14 @@ def test_a_script_without_a_main_guard_is_refused_in_one_line(tmp_path, guarded)
         assert done.returncode != 0 and "sum" not in done.stdout
         last = done.stderr.strip().splitlines()[-1]
         assert "LoaderArgumentError" in last and f"{script}:" in last and "__name__" in last, done.stderr[-2000:]
+
+
+def test_a_module_that_touches_the_gpu_or_starts_a_thread_is_left_to_the_workers(trainer):
+    """The fork server must stay without GPU state and threads: a trial import in a fork of it decides."""
+    import loader_thread_import
+
+    loader = DataLoader(loader_thread_import.Numbers(), batch_size=2, num_workers=2)
+    assert sorted(x for b in loader for x in b.tolist()) == list(range(8))
+    log = [int(x) for x in (trainer / "thread-imports.log").read_text().split()]
+    server = json.loads(RunPaths(trainer).forkserver().read_text())["pid"]
+    assert server not in log and len(log) >= 3  # this process, the trial, and each worker itself
