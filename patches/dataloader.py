@@ -245,24 +245,31 @@ def _start_method(context: Any) -> str | None:
         return None
 
 
+SENT_TO_WORKERS = ("dataset", "worker_init_fn", "collate_fn")  # what a worker receives of its loader
+
+
+def _owner(obj: Any) -> Any:
+    """The class or function a worker finds ``obj`` by (an instance: its class; a partial: its function)."""
+    if isinstance(obj, functools.partial):
+        return _owner(obj.func)
+    if inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj) or inspect.ismethod(obj):
+        return obj
+    return type(obj)
+
+
 def _modules(arguments: Mapping) -> list[str]:
     """The modules a worker imports to unpickle its dataset, ``worker_init_fn`` and ``collate_fn``."""
-    found = []
-    for obj in (arguments.get("dataset"), arguments.get("worker_init_fn"), arguments.get("collate_fn")):
-        if obj is None:
-            continue
-        owner = obj if inspect.isfunction(obj) or inspect.isclass(obj) else type(obj)
-        found.append(getattr(owner, "__module__", None))
+    found = [getattr(_owner(arguments[key]), "__module__", None) for key in SENT_TO_WORKERS if arguments.get(key)]
     return [m for m in found if m and m != "builtins"]
 
 
 def _reference_problem(obj: Any) -> str | None:
     """Why ``obj`` cannot be pickled by reference (what a worker needs of it), or None."""
-    if isinstance(obj, functools.partial):
-        return _reference_problem(obj.func)
     if inspect.ismethod(obj):
         return _reference_problem(type(obj.__self__)) or _reference_problem(obj.__func__)
-    target = obj if inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj) else type(obj)
+    target = _owner(obj)
+    if target is not obj:
+        return _reference_problem(target)
     qualname = getattr(target, "__qualname__", "")
     if qualname == "<lambda>":
         return "is a lambda"
@@ -276,9 +283,7 @@ def _reference_problem(obj: Any) -> str | None:
 
 
 def _name(obj: Any) -> str:
-    if isinstance(obj, functools.partial):
-        obj = obj.func
-    owner = obj if inspect.isfunction(obj) or inspect.isclass(obj) or inspect.ismethod(obj) else type(obj)
+    owner = _owner(obj)
     return f"{getattr(owner, '__module__', '?')}.{getattr(owner, '__qualname__', repr(owner))}"
 
 
@@ -290,11 +295,8 @@ def check_sendable(arguments: Mapping, method: str) -> None:
     every worker with "Can't pickle local object". Only the class or function is checked, by
     reference; the dataset's data is never pickled here.
     """
-    for what, obj in (
-        ("dataset", arguments.get("dataset")),
-        ("worker_init_fn", arguments.get("worker_init_fn")),
-        ("collate_fn", arguments.get("collate_fn")),
-    ):
+    for what in SENT_TO_WORKERS:
+        obj = arguments.get(what)
         if obj is None:
             continue
         problem = _reference_problem(obj if what != "dataset" else type(obj))
@@ -329,6 +331,15 @@ def _guarded_lines(path: str) -> tuple[tuple[int, int], ...] | None:
     )
 
 
+def _main_path() -> str | None:
+    """The main script, as multiprocessing's workers re-import it (by path: not one run with ``-m``)."""
+    main = sys.modules.get("__main__")
+    file = getattr(main, "__file__", None)
+    if getattr(main, "__spec__", None) is not None or not file or not file.endswith(".py"):
+        return None
+    return os.path.abspath(file) if os.path.isfile(file) else None
+
+
 def check_main_guard(method: str) -> None:
     """Refuse, in one line, a loader built by a script's top-level code outside ``if __name__ == "__main__":``.
 
@@ -336,7 +347,7 @@ def check_main_guard(method: str) -> None:
     does, to find what was defined there): unguarded, it would run the script's training again
     inside every worker. A script run with ``-m`` or from ``-c`` is not re-imported by path.
     """
-    script = preimport.main_path()
+    script = _main_path()
     if script is None:
         return
     frame = sys._getframe(1)

@@ -113,10 +113,7 @@ def _raise_with_cause(iterator, error: RuntimeError) -> None:
     for w in iterator._workers:
         code = w.exitcode
         if code not in (None, 0):
-            try:
-                raise RuntimeError(cause(w.pid, code))
-            except RuntimeError as line:
-                raise RuntimeError(*error.args) from line
+            raise RuntimeError(*error.args) from RuntimeError(cause(w.pid, code))
 
 
 def _raise_if_one_died(iterator, wait: float = 0.0) -> None:
@@ -130,10 +127,9 @@ def _raise_if_one_died(iterator, wait: float = 0.0) -> None:
             if code is None or code == 0:
                 continue
             iterator._mark_worker_as_unavailable(worker_id)
-            try:
-                raise RuntimeError(cause(w.pid, code))
-            except RuntimeError as e:
-                raise RuntimeError(f"DataLoader worker (pid(s) {w.pid}) exited unexpectedly") from e
+            raise RuntimeError(f"DataLoader worker (pid(s) {w.pid}) exited unexpectedly") from RuntimeError(
+                cause(w.pid, code)
+            )
         if time.monotonic() >= deadline:
             return
         time.sleep(0.02)

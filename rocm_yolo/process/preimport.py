@@ -30,7 +30,7 @@ from typing import Iterable
 
 from rocm_yolo import environment
 
-MAIN = "__main__"
+_fork = os.fork  # the real one: the fork server's os.fork calls import_wanted first (trainer/loaders/preload)
 _written: set[str] = set()  # the loader's side: names already in the file
 _seen = 0  # the server's side: how many bytes of the file it has read
 
@@ -48,9 +48,8 @@ def reset() -> None:
 def want(names: Iterable[str]) -> list[str]:
     """Ask the fork server to import ``names`` before its next fork; returns the names newly asked for.
 
-    Each line is a JSON object: the module (or the main script's path) and this process's
-    ``sys.path``, which the server takes before it imports, as each worker takes it when it starts
-    (the server's own is the one it started with).
+    Each line is a JSON object: the module and this process's ``sys.path``, which the server takes
+    before it imports, as each worker takes it when it starts (the server's own is the one it started with).
     """
     target = path()
     if target is None:
@@ -70,16 +69,7 @@ def want(names: Iterable[str]) -> list[str]:
 
 def _needed(name: str) -> bool:
     """Not the main script (see above), not a built-in, not rocm-yolo's own (the preload's business)."""
-    return name != MAIN and name not in sys.builtin_module_names and not name.startswith("rocm_yolo.")
-
-
-def main_path() -> str | None:
-    """The main script, as multiprocessing's workers re-import it (by path: not one run with ``-m``)."""
-    main = sys.modules.get("__main__")
-    file = getattr(main, "__file__", None)
-    if getattr(main, "__spec__", None) is not None or not file or not file.endswith(".py"):
-        return None
-    return os.path.abspath(file) if os.path.isfile(file) else None
+    return name != "__main__" and name not in sys.builtin_module_names and not name.startswith("rocm_yolo.")
 
 
 def import_wanted() -> list[str]:
@@ -133,7 +123,7 @@ def _clean_import(name: str) -> bool:
     Tried first in a fork of this process, which then exits: a module that touches the GPU or
     starts a thread when imported is left to each worker to import, as without rocm-yolo.
     """
-    pid = os.fork()
+    pid = _fork()
     if pid == 0:  # the probe: nothing of it reaches the server but its exit status
         code = 1
         try:

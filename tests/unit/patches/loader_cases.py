@@ -2,7 +2,7 @@
 
 They live in a module of their own (not a test module) so that fork-server workers find them
 by name, as they find a user's. :mod:`loader_heavy_import` stands for a dataset module whose
-import is slow.
+import is slow, :mod:`loader_thread_import` for one that starts a thread: each records who imported it.
 """
 
 from __future__ import annotations
@@ -66,6 +66,14 @@ class Crash(Dataset):
                 ctypes.string_at(0)
             os.kill(os.getpid(), int(self.how))
         return i
+
+
+def record_import(name: str) -> None:
+    """Leave the importing process's pid in the file ``name`` beside ``$LOADER_IMPORTS_LOG`` (called at import)."""
+    log = os.environ.get("LOADER_IMPORTS_LOG")
+    if log:
+        with open(os.path.join(os.path.dirname(log), name), "a") as f:
+            f.write(f"{os.getpid()}\n")
 
 
 def record_init(worker_id: int) -> None:

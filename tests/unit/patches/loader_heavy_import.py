@@ -1,14 +1,12 @@
 """A dataset module whose import takes time: each import leaves the importing pid in ``$LOADER_IMPORTS_LOG``."""
 
-import os
 import time
 
+from loader_cases import record_import
 from torch.utils.data import Dataset
 
 time.sleep(0.3)  # heavy imports
-if os.environ.get("LOADER_IMPORTS_LOG"):
-    with open(os.environ["LOADER_IMPORTS_LOG"], "a") as f:
-        f.write(f"{os.getpid()}\n")
+record_import("imports.log")
 
 
 class Numbers(Dataset):

@@ -3,16 +3,14 @@
 Each import leaves the importing pid in ``thread-imports.log`` beside ``$LOADER_IMPORTS_LOG``.
 """
 
-import os
 import threading
 import time
 
+from loader_cases import record_import
 from torch.utils.data import Dataset
 
 threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
-if os.environ.get("LOADER_IMPORTS_LOG"):
-    with open(os.path.join(os.path.dirname(os.environ["LOADER_IMPORTS_LOG"]), "thread-imports.log"), "a") as f:
-        f.write(f"{os.getpid()}\n")
+record_import("thread-imports.log")
 
 
 class Numbers(Dataset):
