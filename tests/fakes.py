@@ -67,7 +67,8 @@ def beat(
 
 class ScriptedChild:
     """A fake training child: ``beats`` maps a clock time to the heartbeat it sends then; it exits with ``code``
-    at ``exit_at`` (None: never, it goes silent)."""
+    at ``exit_at`` (None: never, it goes silent). On several GPUs (``rank_count``), ``exit_lines`` maps a clock
+    time to the ``(rank, code)`` a rank's exit line says then."""
 
     def __init__(
         self,
@@ -79,11 +80,16 @@ class ScriptedChild:
         code: int = 0,
         stderr: str = "",
         stacks: str = "stacks",
+        exit_lines: dict | None = None,
+        rank_count: int = 1,
     ):
         self.clock, self.events, self.pid, self.exit_at, self.code = clock, sorted(beats.items()), pid, exit_at, code
+        self.exit_lines = sorted((exit_lines or {}).items())  # on several GPUs: clock time -> (rank, exit code) said
         self.stderr = stderr  # what it wrote to stderr (the HSA runtime's last words, say)
         self.stacks = stacks  # what a stack dump of it finds
         self.ranks: dict[int, Heartbeat] = {}
+        self.exits: dict[int, int] = {}  # the exit lines due so far, as the pipe gives them
+        self.rank_count = rank_count
         self.seen = 0
         self.dumped = self.killed = False
 
@@ -96,6 +102,7 @@ class ScriptedChild:
         new, self.seen = due[self.seen :], len(due)
         for hb in new:
             self.ranks[hb.rank] = hb
+        self.exits.update(said for t, said in self.exit_lines if t <= self.clock())
         return new
 
     def dump_stacks(self, out: Path) -> Path:

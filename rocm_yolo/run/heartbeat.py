@@ -10,7 +10,8 @@ Three kinds of line go down the pipe the supervisor gave the child
 - a **position line** (:func:`position_line`, ``P seq epoch batch total time``): a training batch
   finished between two records, in a few bytes;
 - on several GPUs, a rank's **start line** (:func:`start_line`, ``S RANK``), its first, and its **exit
-  line** (:func:`exit_line`, ``X RANK CODE``), its last, which the launcher keeps rather than relays.
+  line** (:func:`exit_line`, ``X RANK CODE``), its last. The launcher keeps the start lines; it keeps the
+  exit lines for its outcome and relays them: from the first one, the supervisor knows the attempt is ending.
 
 The writer is :mod:`rocm_yolo.trainer.callbacks.heartbeat_writer` (Ultralytics callbacks), the pipe's
 reader :class:`rocm_yolo.supervisor.trainer_process.PipeReader`, the ranks' relay

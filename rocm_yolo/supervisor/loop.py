@@ -44,7 +44,7 @@ from rocm_yolo.supervisor.evidence import Machine
 from rocm_yolo.supervisor.reporting import Reporter
 from rocm_yolo.supervisor.restart import environment_error, last_loadable, next_spec, resume_command, tidy_finished
 from rocm_yolo.supervisor.signals import Signals
-from rocm_yolo.supervisor.stall import StallDetector, ranks_heard
+from rocm_yolo.supervisor.stall import FINISHED, StallDetector, ending_note, lingering, ranks_heard
 from rocm_yolo.supervisor.states import EXIT_STATES, RUN_EXIT, RunResult
 from rocm_yolo.supervisor.trainer_process import Child, TrainerProcess
 from rocm_yolo.supervisor.worklost import WorkLost
@@ -271,6 +271,7 @@ class Supervisor:
                     if state == State.STARTING and hb.batches_total > 0:
                         state = State.HEALTHY
                         self._note_recovered(now, spec, child.pid, hb)
+            detector.observe_exits(child.exits, child.rank_count, now)  # the ranks said they end: their tree goes
             if rc is not None:
                 if rc in EXIT_STATES:
                     return EXIT_STATES[rc], ""
@@ -280,13 +281,16 @@ class Supervisor:
                 self.log.info(f"training process exited with {how} (attempt {spec.attempt})")
                 return State.CRASHED, f"training process exited with code {rc}"
             if self.config.enabled and detector.stalled(now):
+                if detector.ending == FINISHED:  # what is left is no training: the run is done
+                    self.log.info(lingering(detector.stalled_for(now)))
+                    return State.SUCCEEDED, ""
                 return State.STALLED, self._on_stall(child, spec, detector, hb, now)
             self.reporter.tick(hb)
             self.sleep(self.config.poll_interval)
 
     def _on_stall(self, child: Child, spec: RunSpec, detector: StallDetector, hb: Heartbeat | None, now: float) -> str:
         where = f"epoch {hb.epoch}/{hb.epochs}, {hb.phase} batch {hb.batch}/{hb.batches}" if hb else "during start-up"
-        where += ranks_heard(child.ranks)
+        where += ranks_heard(child.ranks) + ending_note(detector, child.exits)
         stalled = detector.stalled_for(now)
         self._detected = {"time": time.time(), "hb": hb, "seconds": round(stalled, 1)}
         self.log.info(f"no progress for {stalled:.0f} s (timeout {detector.timeout():.0f} s) at {where}: hang")

@@ -5,8 +5,16 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from rocm_yolo.errors import OK
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.supervisor.config import WatchdogConfig
+
+# On several GPUs, once a rank has said it ends (its exit line), the attempt is ending; how long its
+# tree may take to go, from the newest exit line, before the end itself counts as a hang:
+STOP_GRACE = 60.0  # a rank failed or was stopped: torch.distributed.run stops the others (SIGTERM, 30 s, SIGKILL)
+FINISH_GRACE = 330.0  # every rank of this node finished: torch's agent waits for the other nodes (its exit barrier,
+# 300 s), and the store it hosts serves them meanwhile
+STOPPING, FINISHED = "stopping", "finished"
 
 
 class StallDetector:
@@ -16,7 +24,10 @@ class StallDetector:
     the floor and ``step_multiplier`` times the slowest step seen in the recent heartbeats
     (the first step of a pass, which includes worker start-up, is not counted by the writer).
     Until the first training batch of the attempt, the startup grace applies (data set scan
-    and cache, worker start-up, GPU kernel tuning).
+    and cache, worker start-up, GPU kernel tuning). On several GPUs, a rank's exit line is
+    progress too, and from the first one the attempt is ``ending``: the time its ranks and torch's
+    agent take to go (a crash's teardown, the exit barrier of a node that finished first) is no
+    hang within :data:`STOP_GRACE` or :data:`FINISH_GRACE`.
     """
 
     def __init__(self, config: WatchdogConfig, now: float, window: int = 30):
@@ -25,6 +36,8 @@ class StallDetector:
         self.last_seq: int | None = None
         self.trained = False
         self.steps: deque[float] = deque(maxlen=window)
+        self.exits = 0  # ranks that said they end
+        self.ending: str | None = None  # STOPPING or FINISHED once a rank said it ends
 
     def observe(self, hb: Heartbeat | None, now: float) -> bool:
         """Feed the latest heartbeat; True when it shows progress."""
@@ -38,6 +51,16 @@ class StallDetector:
             self.steps.append(hb.step_max)
         return True
 
+    def observe_exits(self, exits: dict[int, int], ranks: int, now: float) -> bool:
+        """Feed the exit codes the ranks said so far (``ranks``: how many this node runs); True when one is new."""
+        if len(exits) <= self.exits:
+            return False
+        self.exits = len(exits)
+        self.last_progress = now
+        done = len(exits) >= ranks and all(code == OK for code in exits.values())
+        self.ending = FINISHED if done else STOPPING
+        return True
+
     def pause(self, seconds: float) -> None:
         """The run was stopped on purpose (Ctrl-Z) for ``seconds``: not time without progress."""
         self.last_progress += seconds
@@ -46,6 +69,8 @@ class StallDetector:
         t = max(self.config.stall_timeout, self.config.step_multiplier * max(self.steps, default=0.0))
         if not self.trained:
             t = max(t, self.config.startup_grace)
+        if self.ending is not None:
+            t = max(t, FINISH_GRACE if self.ending == FINISHED else STOP_GRACE)
         return t
 
     def stalled_for(self, now: float) -> float:
@@ -65,3 +90,15 @@ def ranks_heard(ranks: dict) -> str:
         for r, hb in sorted(ranks.items())
     )
     return f" (last heard: {heard})"
+
+
+def ending_note(detector: StallDetector, exits: dict[int, int]) -> str:
+    """A hang while the ranks end: which said they end (the others did not stop in :data:`STOP_GRACE`)."""
+    if detector.ending != STOPPING:
+        return ""
+    return f" (after rank(s) {', '.join(map(str, sorted(exits)))} ended, the others did not stop)"
+
+
+def lingering(seconds: float) -> str:
+    """Every rank finished, and torch's agent is still there after :data:`FINISH_GRACE`: the line that stops it."""
+    return f"every rank finished training; torch.distributed.run had not exited {seconds:.0f} s later: stopped it"

@@ -18,7 +18,7 @@ from rocm_yolo import environment
 from rocm_yolo.process import tree
 from rocm_yolo.process.tee import Tee
 from rocm_yolo.run import heartbeat
-from rocm_yolo.run.devices import launches_ranks
+from rocm_yolo.run.devices import launches_ranks, world_size
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.supervisor.config import WatchdogConfig
@@ -31,6 +31,8 @@ class Child(Protocol):
 
     pid: int
     ranks: dict[int, Heartbeat]  # each rank's newest heartbeat (one entry on one GPU)
+    exits: dict[int, int]  # on several GPUs, the exit code each rank said it ends with, so far
+    rank_count: int  # the ranks it runs (1 on one GPU)
 
     def poll(self) -> int | None:
         """Its exit code once it has exited, else None."""
@@ -69,6 +71,7 @@ class PipeReader:
         os.set_blocking(fd, False)
         self.pending = b""
         self.last: Heartbeat | None = None  # the newest record: what a position line moves on
+        self.exits: dict[int, int] = {}  # on several GPUs: each rank's exit line, relayed by the launcher
 
     def read(self) -> list[Heartbeat]:
         while self.fd >= 0:
@@ -86,9 +89,12 @@ class PipeReader:
         beats = []
         for line in lines:
             text = line.decode("utf-8", "replace")
-            if text.startswith(
-                heartbeat.POSITION_PREFIX
-            ):  # a batch finished between two records: rank 0's last record, moved on
+            if text.startswith(heartbeat.EXIT_PREFIX):  # a rank ends: its tree goes soon (the launcher's outcome)
+                found = heartbeat.parse_exit(text)
+                if found is not None:
+                    self.exits[found[0]] = found[1]
+                continue
+            if text.startswith(heartbeat.POSITION_PREFIX):  # a batch finished between two records: rank 0's, moved on
                 hb = heartbeat.apply_position(self.last, text) if self.last is not None else None
             else:
                 hb = heartbeat.parse(text)
@@ -140,6 +146,8 @@ class TrainerProcess:
         # on several GPUs the child launches the ranks, and they send the beats (their pids are theirs)
         self.multi_gpu = launches_ranks(spec.train_args, spec.nodes)
         self.ranks: dict[int, Heartbeat] = {}  # each rank's newest record
+        self.exits = self.beats.exits
+        self.rank_count = world_size(spec.train_args) if self.multi_gpu else 1
 
     def poll(self) -> int | None:
         return self.proc.poll()

@@ -14,7 +14,9 @@ The launcher stays between the supervisor and ``torch.distributed.run``:
 - **heartbeats**: the ranks cannot inherit the supervisor's pipe, because the launcher of
   ``torch.distributed.run`` closes every inherited file descriptor. Each rank writes its
   records into a FIFO instead (:data:`rocm_yolo.environment.HEARTBEAT_FIFO`), and a relay thread here copies them, whole
-  lines, into the pipe. A rank's last line says its exit code (:func:`rocm_yolo.run.heartbeat.exit_line`).
+  lines, into the pipe. A rank's last line says its exit code (:func:`rocm_yolo.run.heartbeat.exit_line`): kept here
+  for the outcome, and relayed, so that the supervisor takes the time the ranks and torch's agent need to go
+  (a crash's teardown, the wait for the other nodes) for an end, not a hang.
 - **exit codes**: ``torch.distributed.run`` reports any failure as 1 (and its own reports go
   to ``RUN/rocm_yolo/torchrun.log``, not the terminal: :mod:`.torchrun`). The launcher returns
   what the ranks said: a user error, a finished run, a broken environment, an internal error
@@ -123,11 +125,10 @@ class Relay(threading.Thread):
         text = line.decode("utf-8", "replace")
         if text.startswith(heartbeat.START_PREFIX):
             return
-        if text.startswith(heartbeat.EXIT_PREFIX):
+        if text.startswith(heartbeat.EXIT_PREFIX):  # kept for the outcome, and relayed: the tree goes soon
             found = heartbeat.parse_exit(text)
             if found is not None:
                 self.exits[found[0]] = found[1]
-            return
         if self.out_fd is not None:
             try:
                 os.write(self.out_fd, line + b"\n")

@@ -12,6 +12,7 @@ import fakes
 from fakes import Clock, ScriptedChild, beat
 from rocm_yolo import errors
 from rocm_yolo.run.events import RunLog
+from rocm_yolo.supervisor import stall
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.loop import Supervisor
 from rocm_yolo.supervisor.stall import StallDetector
@@ -134,6 +135,50 @@ def test_detector_timeout_adapts_to_the_slowest_recent_step():
     assert det.timeout() == 300  # 10 x the slowest recent step
     assert not det.stalled(now=300) and det.stalled(now=332)
     assert not det.observe(beat(2, batch=2, batches_total=2, step=30), now=40)  # same seq: no progress
+
+
+QUICK = replace(CONFIG, stall_timeout=20)  # a floor below the graces, as in the end-to-end tests
+
+
+def ddp_steps(until: float) -> dict:
+    """Two ranks' beats, one step a second from 5 s to ``until``."""
+    return {t: beat(t, batch=t, batches_total=t, rank=r) for t in range(5, int(until)) for r in (0, 1)}
+
+
+def test_a_rank_that_ended_gives_the_others_time_to_stop_and_the_attempt_is_a_crash_not_a_hang(spec):
+    """Rank 1 killed at 20 s: rank 0 says it ends (143: torch's agent stopped it), and its tree takes 55 s to go,
+    longer than the 20 s floor from the last beat: a crash, as the exit code says, not a hang."""
+    clock = Clock()
+    crashed = ScriptedChild(clock, ddp_steps(20), exit_at=75, code=1, exit_lines={21: (0, 143)}, rank_count=2)
+    result, _ = supervise(spec, [crashed, steady(clock, 200, 1, start=80)], clock, config=QUICK)
+    assert result.exit_code == errors.OK and result.hangs == [] and result.restarts == 1
+    assert [f.kind for f in result.failures] == ["crash"]
+
+
+def test_ranks_that_ended_and_a_tree_that_never_goes_are_a_hang_after_the_stop_grace(spec):
+    clock = Clock()
+    stuck = ScriptedChild(clock, ddp_steps(20), exit_lines={21: (1, 1)}, rank_count=2)
+    result, _ = supervise(spec, [stuck, steady(clock, 300, 1, start=100)], clock, config=QUICK)
+    [hang] = result.hangs
+    assert stall.STOP_GRACE < hang.stalled_seconds <= stall.STOP_GRACE + 2  # from the exit line, not the last beat
+
+
+def test_every_rank_finished_and_an_agent_that_lingers_is_stopped_as_a_finished_run(spec):
+    """The ranks of this node finished; torch's agent waits for other nodes at its exit barrier, silent: no hang,
+    and after the finish grace the supervisor stops it and the run is done."""
+    clock = Clock()
+    done = ScriptedChild(clock, ddp_steps(20), exit_lines={20: (0, 0), 22: (1, 0)}, rank_count=2)
+    result, made = supervise(spec, [done], clock, config=QUICK)
+    assert result.exit_code == errors.OK and result.hangs == [] and len(made) == 1 and done.killed
+    assert 22 + stall.FINISH_GRACE <= clock() <= 22 + stall.FINISH_GRACE + 2
+
+
+def test_one_rank_finished_and_the_other_silent_is_still_a_hang_after_the_stop_grace(spec):
+    clock = Clock()
+    half = ScriptedChild(clock, ddp_steps(20), exit_lines={20: (0, 0)}, rank_count=2)
+    result, _ = supervise(spec, [half, steady(clock, 300, 1, start=100)], clock, config=QUICK)
+    [hang] = result.hangs
+    assert stall.STOP_GRACE < hang.stalled_seconds <= stall.STOP_GRACE + 2
 
 
 def test_state_file_follows_the_running_attempt_and_profiles_do_not_leak_env(spec):

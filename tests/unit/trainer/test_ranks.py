@@ -79,8 +79,23 @@ def test_the_relay_copies_whole_lines_and_keeps_each_ranks_exit_code(tmp_path):
     os.close(write_end)
     lines = os.read(read_end, 65536).decode().splitlines()
     os.close(read_end)
-    assert sorted(json.loads(line)["rank"] for line in lines) == [0, 1]  # exit lines stay with the launcher
-    assert relay.exits == {0: errors.OK, 1: errors.USAGE} and not relay.is_alive()
+    assert sorted(json.loads(line)["rank"] for line in lines if line.startswith("{")) == [0, 1]
+    said = sorted(heartbeat.parse_exit(line) for line in lines if not line.startswith("{"))
+    assert said == [(0, errors.OK), (1, errors.USAGE)]  # relayed: the supervisor knows the ranks end
+    assert relay.exits == {0: errors.OK, 1: errors.USAGE} and not relay.is_alive()  # and kept for the outcome
+
+
+def test_the_supervisors_reader_keeps_the_exit_lines_apart_from_the_records():
+    read_end, write_end = os.pipe()
+    reader = PipeReader(read_end)
+    record = dict(seq=1, pid=10, attempt=1, phase="train", epoch=1, epochs=2, batch=1, batches=4, step_max=0.1)
+    record.update(step_last=0.1, batches_total=1, it_s=1.0, time=1.0, started=0.0, rank=1, local_rank=1)
+    text = "\n".join([heartbeat.exit_line(0, 143), json.dumps(record), "X 1 nonsense"])
+    os.write(write_end, text.encode() + b"\n")
+    os.close(write_end)
+    beats = reader.read()
+    reader.close()
+    assert [hb.rank for hb in beats] == [1] and reader.exits == {0: 143}
 
 
 def test_position_lines_move_rank_0s_record_only():
