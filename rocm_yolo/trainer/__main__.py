@@ -1,7 +1,6 @@
 """``python -m rocm_yolo.trainer SPEC.json``: the training child (see :mod:`rocm_yolo.trainer.entry`)."""
 
-import sys
-
+from rocm_yolo.process.lifecycle import exit_uncollected
 from rocm_yolo.trainer.entry import main
 
-sys.exit(main())
+exit_uncollected(main)

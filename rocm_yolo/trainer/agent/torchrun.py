@@ -78,4 +78,6 @@ def _failed(reports: logging.Logger, error: Exception, log_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from rocm_yolo.process.lifecycle import exit_uncollected
+
+    exit_uncollected(lambda: main(sys.argv[1:]))
