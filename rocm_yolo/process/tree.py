@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -157,8 +158,7 @@ def dump_stacks(
     time.sleep(wait / 2)
     send([p for p in procs if p.pid != pid and _has_stack_file(stacks_dir, p.pid)], DUMP_SIGNAL)
     time.sleep(wait / 2)
-    py_spy = find_py_spy()
-    deadline = time.monotonic() + py_spy_timeout  # one budget for all py-spy calls
+    native = _py_spy_all(find_py_spy(), [p.pid for p in procs], py_spy_timeout)
     parts: list[str] = []
     for proc in procs:
         role = "trainer" if proc.pid == pid else roles.get(proc.pid, _role(stacks_dir, proc.pid))
@@ -174,9 +174,8 @@ def dump_stacks(
                     fh.seek(sizes.get(f, 0))
                     text = fh.read().decode("utf-8", "replace").strip()
                 parts.append(text or "(no Python stack written: the process did not answer the signal)")
-        if py_spy:
-            remaining = deadline - time.monotonic()
-            parts.append(_py_spy(py_spy, proc.pid, remaining) if remaining > 0.5 else "--- py-spy: time budget used")
+        if proc.pid in native:
+            parts.append(native[proc.pid])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(parts) + "\n")
     return out
@@ -198,7 +197,23 @@ def _has_stack_file(stacks_dir: Path, pid: int) -> bool:
     return (stacks_dir / f"worker-{pid}.txt").is_file() or (stacks_dir / f"trainer-{pid}.txt").is_file()
 
 
+PY_SPY_AT_ONCE = 8  # py-spy dumps running together (each pauses only the process it reads)
+
+
+def _py_spy_all(exe: str | None, pids: list[int], budget: float) -> dict[int, str]:
+    """``py-spy dump --native`` of each of ``pids``, side by side, all within one ``budget`` of seconds: a tree
+    of 16 DataLoader workers is read in the time of two or three dumps, and every process gets its turn."""
+    if not exe or not pids:
+        return {}
+    deadline = time.monotonic() + budget
+    with ThreadPoolExecutor(max_workers=min(len(pids), PY_SPY_AT_ONCE)) as pool:
+        done = {pid: pool.submit(lambda pid=pid: _py_spy(exe, pid, deadline - time.monotonic())) for pid in pids}
+        return {pid: future.result() for pid, future in done.items()}
+
+
 def _py_spy(exe: str, pid: int, timeout: float) -> str:
+    if timeout <= 0.5:
+        return "--- py-spy: time budget used"
     try:
         proc = subprocess.run(
             [exe, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True, timeout=timeout
