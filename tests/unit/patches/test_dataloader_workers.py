@@ -45,8 +45,9 @@ def trainer(tmp_path_factory):
 
 
 def test_timeout_the_caller_passed_wins_over_the_profiles(trainer):
-    """Follows torch's test_timeout: a 1 s timeout over an item that takes 30 s raises, patched too."""
-    loader = DataLoader(loader_cases.Sleepy(30), num_workers=2, timeout=1)
+    """Follows torch's test_timeout: a 1 s timeout over an item that takes 4 s raises, patched too (the workers
+    then finish that item before they stop)."""
+    loader = DataLoader(loader_cases.Sleepy(4), num_workers=2, timeout=1)
     assert loader.timeout == 1  # fast's own is 0: wait for ever
     with pytest.raises(RuntimeError):
         next(iter(loader))
