@@ -49,7 +49,7 @@ def test_every_process_of_a_big_tree_gets_its_py_spy_dump_within_one_budget(tmp_
     """py-spy reads the processes side by side: 8 dumps of 1.5 s each fit a 6 s budget (one after the other,
     the last four would find the budget used). The stand-in py-spy sleeps, then says which pid it read."""
     fake = tmp_path / "py-spy"
-    fake.write_text("#!/bin/sh\nsleep 1.5\necho \"read $4\"\n")
+    fake.write_text('#!/bin/sh\nsleep 1.5\necho "read $4"\n')
     fake.chmod(0o755)
     pids = list(range(1000, 1008))
     dumps = tree._py_spy_all(str(fake), pids, budget=6.0)
