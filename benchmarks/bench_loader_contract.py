@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import machine_line, run_logged, stop_on_signals, work_dir
+from _common import interrupted, machine_line, run_logged, stop_on_signals, work_dir
 
 SIDES = ("plain", "before", "after")
 DATASET_MODULE = """\
@@ -145,8 +145,7 @@ def main() -> int:
                     named[what, side].append(found["named"])
                     print(f"round {rnd}: {what} {side}: {results[what, side][-1]:.2f} s", flush=True)
     except KeyboardInterrupt:
-        print("\ninterrupted: every run's processes are stopped", file=sys.stderr)
-        return 130
+        return interrupted()
     print("\n| measurement | plain (s) | before (s) | after (s) | after / plain |")
     print("|---|---:|---:|---:|---:|")
     titles = {"modules": f"{a.loaders} loaders x 2 workers, slow dataset module", "death": "dead worker noticed"}
