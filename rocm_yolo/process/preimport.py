@@ -117,6 +117,18 @@ def gpu_files() -> list[str]:
     return found
 
 
+def native_threads() -> list[str]:
+    """The names of this process's threads, native ones too (a fork server must have its main thread alone)."""
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended meanwhile
+            continue
+    return names
+
+
 def _clean_import(name: str) -> bool:
     """Whether importing ``name`` leaves a process as a fork server must stay: no GPU file open, no new thread.
 
@@ -128,7 +140,7 @@ def _clean_import(name: str) -> bool:
         code = 1
         try:
             __import__(name)
-            code = 0 if not gpu_files() and len(os.listdir("/proc/self/task")) == 1 else 1
+            code = 0 if not gpu_files() and len(native_threads()) == 1 else 1
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)

@@ -18,17 +18,6 @@ from rocm_yolo.run.devices import rank
 from rocm_yolo.run.paths import RunPaths
 
 
-def _threads() -> list[str]:
-    names = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
-        except OSError:
-            continue
-    return names
-
-
 def _import_worker_modules() -> tuple[str | None, str | None]:
     """Import torch, Ultralytics' data modules and the worker side of the DataLoader patch.
 
@@ -67,7 +56,7 @@ def _preload() -> None:
             "import_seconds": round(time.monotonic() - began, 2),
             "ultralytics": version,  # what the workers run (the lower-bound tests check it)
             "python_threads": threading.active_count(),
-            "native_threads": _threads(),
+            "native_threads": preimport.native_threads(),
             "gpu_files": preimport.gpu_files(),
             "time": time.time(),
             "preload_error": error,
