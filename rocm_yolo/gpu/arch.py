@@ -34,7 +34,10 @@ class GpuNode:
     simd_count: int | None = None
     compute_units: int | None = None  # simd_count / simd_per_cu
     drm_render_minor: int | None = None  # -> /dev/dri/renderD<minor>
-    location_id: int | None = None  # PCI bus/device/function packed by the driver
+    location_id: int | None = (
+        None  # PCI bus/device/function packed by the driver: (bus << 8) | (device << 3) | function
+    )
+    domain: int | None = None  # PCI domain (kernels since 5.x write it)
 
     @property
     def render_device(self) -> str | None:
@@ -45,6 +48,15 @@ class GpuNode:
     def family(self) -> str:
         """The architecture family with the stepping wildcarded: gfx1010 -> ``gfx101x``."""
         return family(self.arch)
+
+    @property
+    def pci_address(self) -> str | None:
+        """``0000:03:00.0``, as the amdgpu driver's kernel log lines name the card; None if the topology has no
+        ``location_id``."""
+        if self.location_id is None:
+            return None
+        bus, slot, function = self.location_id >> 8 & 0xFF, self.location_id >> 3 & 0x1F, self.location_id & 0x7
+        return f"{self.domain or 0:04x}:{bus:02x}:{slot:02x}.{function:x}"
 
     def describe(self) -> str:
         """``gfx1010 (node 1, device 0x731f)``: how the doctor and the run header name this GPU."""
@@ -145,6 +157,7 @@ def detect_gpus(root=None) -> list[GpuNode]:
                 compute_units=simd // per_cu if simd and per_cu else None,
                 drm_render_minor=props.get("drm_render_minor"),
                 location_id=props.get("location_id"),
+                domain=props.get("domain"),
             )
         )
     return gpus

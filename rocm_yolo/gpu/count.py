@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Mapping
 
-from rocm_yolo.gpu.arch import detect_gpus
+from rocm_yolo.gpu.arch import GpuNode, detect_gpus
 from rocm_yolo.process.tree import run_bounded
 
 VISIBILITY = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
@@ -30,6 +30,23 @@ def visible_in_topology(env: Mapping[str, str] = os.environ, root=None) -> int |
         if var in env:
             count = min(count, len([x for x in env[var].split(",") if x.strip()]))
     return count
+
+
+def used_gpus(gpus: list[GpuNode], ids: list[str] | None, env: Mapping[str, str] = os.environ) -> list[GpuNode]:
+    """The GPUs of the topology a run on the device ids ``ids`` uses (``[]``: Ultralytics' default, GPU 0; ``None``:
+    no GPU, the CPU): each visibility variable picks from what the one before left. A list this cannot follow
+    (UUIDs) leaves every GPU it could mean."""
+    if ids is None:
+        return []
+    shown = list(gpus)
+    for var in VISIBILITY:
+        picks = [x.strip() for x in env.get(var, "").split(",") if x.strip()] if var in env else None
+        if picks is None:
+            continue
+        if not all(x.isdigit() for x in picks):
+            return shown
+        shown = [shown[int(x)] for x in picks if int(x) < len(shown)]
+    return [shown[int(i)] for i in (ids or ["0"]) if int(i) < len(shown)]
 
 
 def probe(timeout: float = 60.0) -> int | None:

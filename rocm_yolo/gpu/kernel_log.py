@@ -33,14 +33,23 @@ PATTERNS = (
     ("hogged CPU", re.compile(r"hogged CPU", re.I)),
     ("GPU reset", re.compile(r"GPU reset|gpu_recover|GPU recovery|reset (begin|succeeded|failed)", re.I)),
     ("ring timeout", re.compile(r"ring \S+ timeout|\btimeout\b.*\bring\b", re.I)),
+    # the KFD's scheduler could not preempt the queues (kfd_device_queue_manager.c): the GPU stopped answering
+    (
+        "queue preemption",
+        re.compile(r"qcm fence wait loop timeout|queue preemption time ?out|Failed to evict process queues", re.I),
+    ),
     ("page fault", re.compile(r"page fault|VM_L2_PROTECTION_FAULT|retry fault|memory access fault", re.I)),
-    ("MES", re.compile(r"MES failed to respon(?:d|se)", re.I)),  # older kernels: "failed to response"
+    ("MES", re.compile(r"MES(?:\(\d+, ?\d+\))? failed to respon(?:d|se)", re.I)),  # older: "failed to response"
 )
 AMD_LINE = re.compile(r"amdgpu|amdkfd|\bkfd\b", re.I)
 OOM = "OOM killer"  # not the driver's: the kernel's own line
 _OOM_LINE = re.compile(r"Out of memory: Kill(?:ed)? process|oom-kill:|invoked oom-killer", re.I)
 _VICTIM = re.compile(r"Killed process (\d+) \(([^)]*)\)|oom-kill:.*?task=([^,\s]+),pid=(\d+)")
 
+# the process an amdgpu line names: "for process X pid N" (page faults, kernels before 6.x), " in process X pid N"
+# (6.x, the line after the fault), "Process information: process X pid N" (ring timeouts), "Process X pid N"
+_PROCESS = re.compile(r"\b[Pp]rocess(?: information| info)?:?\s+(?:process\s+)?(\S+?)\s+pid\s+(\d+)")
+_PCI = re.compile(r"\b([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])\b", re.I)  # "amdgpu 0000:03:00.0: amdgpu: ..."
 _SINCE_BOOT = re.compile(r"^\s*\[\s*(\d+\.\d+)\]\s?")  # dmesg: "[  123.456789] text"
 _UNIX = re.compile(r"^(\d{9,11}\.\d+)\s+\S+\s+kernel:\s?")  # journalctl -o short-unix: "1700000000.123 host kernel: "
 _KMSG = re.compile(r"^\d+,\d+,(\d+),[^;]*;")  # /dev/kmsg: "PRIORITY,SEQ,USEC,FLAGS;text"
@@ -183,3 +192,79 @@ def victims(lines) -> list[tuple[int, str]]:
             if (int(pid), name) not in out:
                 out.append((int(pid), name))
     return out
+
+
+@dataclass(frozen=True)
+class KernelEvent:
+    """One thing the kernel said: a line that matters (:func:`kinds`) with the amdgpu lines that follow it."""
+
+    kinds: tuple[str, ...]
+    lines: tuple[str, ...]
+    pids: tuple[int, ...] = ()  # the processes it names (a page fault's, a ring timeout's, the OOM killer's victim)
+    process: str = ""  # the name of the first
+    card: str | None = None  # the PCI address of the card it is about, where the line names one
+
+
+def _named(text: str) -> list[tuple[int, str]]:
+    """(pid, name) of the processes one line names."""
+    found = [(int(m[2]), m[1]) for m in _PROCESS.finditer(text)]
+    m = _VICTIM.search(text)
+    if m:
+        found.append((int(m[1]), m[2]) if m[1] else (int(m[4]), m[3]))
+    return found
+
+
+def events(lines) -> list[KernelEvent]:
+    """The events of ``lines`` (KernelLine or text), in order: each line that matters starts one, and the amdgpu
+    lines right after it that match nothing (the process it names, the faulting address) belong to it."""
+    out: list[dict] = []
+    current: dict | None = None
+    for line in lines:
+        text = (line.text if isinstance(line, KernelLine) else line).strip()
+        found = kinds(text)
+        named = _named(text)
+        if found:
+            current = {"kinds": tuple(found), "lines": [text], "named": named, "card": None}
+            out.append(current)
+        elif current is not None and AMD_LINE.search(text):
+            current["lines"].append(text)
+            current["named"] += named if not current["named"] else []
+        else:
+            current = None
+            continue
+        if current["card"] is None:
+            m = _PCI.search(text)
+            current["card"] = m[1].lower() if m else None
+    return [
+        KernelEvent(
+            kinds=e["kinds"],
+            lines=tuple(e["lines"]),
+            pids=tuple(dict.fromkeys(pid for pid, _ in e["named"])),
+            process=e["named"][0][1] if e["named"] else "",
+            card=e["card"],
+        )
+        for e in out
+    ]
+
+
+@dataclass(frozen=True)
+class Attributed:
+    """A window's kernel events by whose they are."""
+
+    run: tuple[KernelEvent, ...] = ()  # they name one of the run's processes, or (naming none) one of its cards
+    unnamed: tuple[KernelEvent, ...] = ()  # they name neither a process nor a card: context, never the class
+    others: tuple[KernelEvent, ...] = ()  # they name another process or another card: never the run's
+
+
+def attribute(found: list[KernelEvent], pids, cards) -> Attributed:
+    """Sort ``found`` by whose it is: ``pids`` the run's processes, ``cards`` the PCI addresses of its cards."""
+    pids, cards = set(pids), {c.lower() for c in cards}
+    run, unnamed, others = [], [], []
+    for event in found:
+        if event.pids:
+            (run if pids.intersection(event.pids) else others).append(event)
+        elif event.card is not None:
+            (run if event.card in cards else others).append(event)
+        else:
+            unnamed.append(event)
+    return Attributed(tuple(run), tuple(unnamed), tuple(others))
