@@ -6,7 +6,7 @@ process as ``rocm-yolo train``. Importing this package imports neither torch nor
 The entrances: :mod:`.cli` (``rocm-yolo``; ``python -m rocm_yolo``), :mod:`.api` (``rocm_yolo.train``)
 and :mod:`.status`; the bottom of the house: :mod:`.environment` (every variable), :mod:`.errors`
 (exit codes) and :mod:`.triage` (whose failure an exception is). The folders: :mod:`.launch`,
-:mod:`.run`, :mod:`.supervisor`, :mod:`.process`, :mod:`.trainer`, :mod:`.gpu`, :mod:`.conv`,
+:mod:`.run`, :mod:`.supervisor`, :mod:`.diagnosis`, :mod:`.process`, :mod:`.trainer`, :mod:`.gpu`, :mod:`.conv`,
 :mod:`.doctor`, :mod:`.ultralytics_rules`, :mod:`.patches` and the testing plugin :mod:`.testing`
 (CONTRIBUTING.md draws the house).
 """

@@ -9,7 +9,7 @@ Python traceback:
   broken, a library is missing, the disk is full or read-only, a download is needed while
   offline. Exit 4; never retried (a restart would meet it again); the traceback goes to
   ``RUN/setup-K.txt`` where a run directory exists.
-- a failure the watchdog will not retry (:mod:`rocm_yolo.supervisor.remedies`): a GPU fault or
+- a failure the watchdog will not retry (:mod:`rocm_yolo.diagnosis.remedies`): a GPU fault or
   hang that came back, GPU out of memory (exit 4, the environment's), or the same failure twice
   at the same place (exit 5): a restart, or a scheduler's requeue, would meet it again.
 - an **internal error**: anything else is a rocm-yolo bug. Exit 123 (as black's), the

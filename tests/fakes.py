@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from rocm_yolo.diagnosis.evidence import Machine
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.heartbeat import Heartbeat
-from rocm_yolo.supervisor.evidence import Machine
 from rocm_yolo.supervisor.loop import Supervisor
 
 
@@ -43,6 +43,7 @@ def beat(
     t: float = 0.0,
     epochs: int = 3,
     rank: int = 0,
+    startup: str = "",
 ) -> Heartbeat:
     """A heartbeat record (``t``: the trainer's wall clock of the write; ``it_s`` defaults to 1 / ``step``)."""
     return Heartbeat(
@@ -62,6 +63,7 @@ def beat(
         started=0,
         rank=rank,
         local_rank=rank,  # one machine: its rank among the node's
+        startup=startup,
     )
 
 
@@ -79,13 +81,15 @@ class ScriptedChild:
         exit_at: float | None = None,
         code: int = 0,
         stderr: str = "",
+        earlier: str = "",
         stacks: str = "stacks",
         exit_lines: dict | None = None,
         rank_count: int = 1,
     ):
         self.clock, self.events, self.pid, self.exit_at, self.code = clock, sorted(beats.items()), pid, exit_at, code
         self.exit_lines = sorted((exit_lines or {}).items())  # on several GPUs: clock time -> (rank, exit code) said
-        self.stderr = stderr  # what it wrote to stderr (the HSA runtime's last words, say)
+        self.stderr = stderr  # what it wrote to stderr since its last progress (the HSA runtime's last words, say)
+        self.earlier = earlier  # what it wrote before its last progress: context, never the class
         self.stacks = stacks  # what a stack dump of it finds
         self.ranks: dict[int, Heartbeat] = {}
         self.exits: dict[int, int] = {}  # the exit lines due so far, as the pipe gives them
@@ -114,8 +118,11 @@ class ScriptedChild:
     def pids(self) -> list[int]:
         return [self.pid]
 
-    def stderr_tail(self) -> str:
-        return self.stderr
+    def stderr_mark(self, at: float) -> int:
+        return 0
+
+    def stderr_tail(self, since: int | None = None) -> tuple[str, str]:
+        return self.earlier, self.stderr
 
     def kill(self) -> list[int]:
         self.killed = True

@@ -1,51 +1,56 @@
-"""What failed, read from the evidence: one class per failure, the lines that decided it, and a signature.
+"""What failed, read from the evidence: one class per failure, the lines that decided it and why, and a signature.
 
-Policy, and pure: :func:`diagnose` reads nothing but its :class:`Evidence` (what :mod:`.evidence` gathered: the
-child's exit status, the tail of its stderr, the traceback of a crash, the stacks of a hang, the kernel log's lines
-of the failure's time window) and returns a :class:`Diagnosis`. The classes, first match wins:
+Policy, and pure: :func:`diagnose` reads nothing but its :class:`Evidence` (what :mod:`.evidence` gathered) and
+returns a :class:`Diagnosis`. The classes:
 
-- ``gpu-fault``: the HSA runtime's ``Memory access fault by GPU node-N ... Reason: ...``, a HIP launch failure or
-  illegal address, or the kernel's amdgpu page fault (``VM_L2_PROTECTION_FAULT``) when the child died;
-- ``gpu-oom``: ``HIP out of memory`` (``torch.OutOfMemoryError``);
-- ``host-oom``: the kernel's OOM killer killed one of the run's processes (or Python raised ``MemoryError``);
-- ``loader``: the trainer waits for a batch that never comes (its stack in the DataLoader), or a worker died
-  (``DataLoader worker (pid N) exited unexpectedly``, a DataLoader timeout);
-- ``collective``: on several GPUs, every rank blocked in a collective (or in DDP's backward all-reduce), or a
-  collective that timed out;
-- ``gpu-hang``: the runtime's ``HW Exception ... GPU Hang``, the kernel's ring timeout, GPU reset or MES that
-  stopped responding, or a trainer stuck in a torch operation on a GPU;
-- ``data-error``: an error raised while loading a sample (in a worker, or in Ultralytics' data code);
-- ``training-error``: any other Python traceback of the training step;
-- ``unknown``: nothing of the above (a kill without a word, a hang outside all of it).
+- ``environment``: the installed software cannot run on this card (no code object or kernels for it, no GPU
+  visible, a library without kernels for its architecture);
+- ``gpu-oom``, ``host-oom``: GPU memory, host memory refused (or the OOM killer's victim is the attempt's);
+- ``gpu-fault``, ``gpu-hang``: the GPU runtime's fault or hang (its abort texts, HIP's errors, amdgpu's kernel
+  lines about the attempt's processes or cards; in a hang, the trainer stuck in GPU work);
+- ``collective``: the GPUs' collectives timed out or failed (or, in a hang, every rank waits in one);
+- ``loader``: a DataLoader worker died or timed out, its shared memory ran out, or the trainer waits for a batch;
+- ``data-error``: a sample failed to load (named by its file where the error names one);
+- ``training-error``: any other error of the training step (a device-side assert included: the step's own data);
+- ``unknown``: no evidence (a signal with no word, a hang elsewhere).
 
-The signature is what makes two failures "the same": the class and the fault's own words, with addresses and pids
-taken out.
+**Evidence is the failure's own.** Only what the failing attempt wrote since its last progress (its stderr, the
+traceback of its crash, the stacks of its hang, the exit status) and what the kernel said of its processes or
+cards may decide the class: the runtimes' words of :mod:`.vocabulary`. rocm-yolo's own lines are never read
+(:func:`rocm_yolo.run.events.foreign`), and another process's kernel lines never. What came before the last
+progress, and kernel lines that name no process and no card, are context: a class read from context alone is
+``weak``, and a weak diagnosis never stops a run (:mod:`.remedies`). A death by a signal with no word has no
+signature: it cannot be "the same failure" twice.
+
+The signature is what makes two failures "the same": the class and the deciding line, without numbers,
+addresses, paths and timestamps (:func:`normalized`).
 """
 
 from __future__ import annotations
 
 import re
 import signal
-from dataclasses import dataclass, field
 
-from rocm_yolo.gpu.kernel_log import kinds, victims
+from rocm_yolo.diagnosis import hangs, vocabulary
+from rocm_yolo.diagnosis.record import UNKNOWN, Diagnosis, Evidence
+from rocm_yolo.diagnosis.vocabulary import (
+    COLLECTIVE,
+    DATA_ERROR,
+    ENVIRONMENT,
+    GPU_FAULT,
+    GPU_HANG,
+    GPU_OOM,
+    HOST_OOM,
+    LOADER,
+    TRAINING_ERROR,
+    Word,
+)
+from rocm_yolo.gpu.kernel_log import OOM, kinds, victims
 from rocm_yolo.process.lifecycle import signal_name
 
-LOADER, GPU_HANG, GPU_FAULT, GPU_OOM = "loader", "gpu-hang", "gpu-fault", "gpu-oom"
-HOST_OOM, COLLECTIVE, TRAINING_ERROR, DATA_ERROR, UNKNOWN = (
-    "host-oom",
-    "collective",
-    "training-error",
-    "data-error",
-    "unknown",
-)
-CLASSES = (LOADER, GPU_HANG, GPU_FAULT, GPU_OOM, HOST_OOM, COLLECTIVE, TRAINING_ERROR, DATA_ERROR, UNKNOWN)
+CLASSES = (LOADER, GPU_HANG, GPU_FAULT, GPU_OOM, HOST_OOM, COLLECTIVE, ENVIRONMENT, TRAINING_ERROR, DATA_ERROR, UNKNOWN)
 GPU_CLASSES = (GPU_FAULT, GPU_HANG)
 
-_HSA_FAULT = re.compile(r"Memory access fault by GPU node-(\d+)[^\n]*?Reason: ([^\n]*?)\.?\s*$", re.M)
-_HW_EXCEPTION = re.compile(r"HW Exception by GPU node-(\d+)[^\n]*?reason\s*:\s*([^\n]*?)\s*$", re.M | re.I)
-_HIP_FAULT = re.compile(r"(HIP error: [^\n]*|hipError\w+)")  # the runtime's error in the training step
-_GPU_OOM = re.compile(r"(?:HIP|CUDA) (?:error: )?out of memory[^\n]*|OutOfMemoryError[^\n]*|hipErrorOutOfMemory", re.I)
 _SIZE = r"([\d.]+) (bytes|KiB|MiB|GiB|TiB)"
 _OOM_NUMBERS = {
     "tried": re.compile(r"Tried to allocate " + _SIZE),
@@ -55,55 +60,46 @@ _OOM_NUMBERS = {
     "reserved": re.compile(_SIZE + r" is reserved by PyTorch but unallocated"),
 }
 _UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
-_DEAD_WORKER = re.compile(r"DataLoader worker \(pid[^\n]*|DataLoader timed out after[^\n]*", re.I)
-_DATA = re.compile(
-    r"Caught \w+ in DataLoader worker process[^\n]*|cv2\.error[^\n]*|UnidentifiedImageError[^\n]*|"
-    r"Image Not Found[^\n]*",
-    re.I,
-)
-_COLLECTIVE_ERROR = re.compile(
-    r"DistBackendError[^\n]*|(?:NCCL|RCCL) (?:error|Error)[^\n]*|Watchdog caught collective operation timeout[^\n]*"
-)
-_KERNEL_HANG = ("ring timeout", "GPU reset", "MES")
-# torch.distributed.run's ChildFailedError: the first rank that failed, and how
+_KERNEL_FAULT = ("page fault",)
+_KERNEL_HANG = ("ring timeout", "GPU reset", "MES", "queue preemption")
+_HSA_REASON = re.compile(r"Memory access fault by GPU node-(\d+)[^\n]*?Reason: ([^\n]*?)\.?\s*$", re.M)
+_HSA_STATUS = re.compile(r"(HSA_STATUS_ERROR_\w+)")
+_HIP_NAME = re.compile(r"HIP error: ([^\n]*?)\s*$|\b(hipError\w+)", re.M)
+# torch.distributed.run: the first rank that failed ("Root Cause" of ChildFailedError), or its log line of a rank
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
-_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+ in (\S+)')
-_SECTION = re.compile(r"^===== pid (\d+) \((\w+), [^)]*\)", re.M)
-_HIP_NATIVE = re.compile(r"\b(hip[A-Z]\w+|hsa_\w+|hsaKmt\w+)")  # py-spy --native: a thread in the HIP runtime
-_COLLECTIVES = re.compile(r"^(all_reduce|barrier|broadcast|all_gather\w*|reduce_scatter\w*|reduce|wait|backward)$")
+_RANK_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+_FILE = re.compile(r"((?:[A-Za-z]:)?[/\\][^\s'\"]+?\.(?:jpe?g|png|bmp|tiff?|webp|dng|mpo|pfm|heic|txt|npy))\b", re.I)
+_TRACE_FRAME = re.compile(r'File "([^"]+)", line \d+, in (\S+)')
 
 
-@dataclass(frozen=True)
-class Evidence:
-    """What the supervisor read about one failure (:mod:`.evidence` gathers it)."""
-
-    failure: str  # "hang" or "crash"
-    exit_code: int | None = None  # a crash: the child's exit code (negative: the signal that killed it)
-    stderr: str = ""  # the tail of the child's standard error
-    traceback: str = ""  # a crash: the traceback(s) the child (or its ranks) wrote
-    stacks: str = ""  # a hang: the stacks of the trainer and its workers
-    kernel: tuple[str, ...] = ()  # the kernel log's lines of the failure's time window
-    kernel_source: str = ""  # where they came from, or why there are none
-    pids: frozenset = frozenset()  # the run's processes: an OOM killer's victim among them is the run's
-    multi_gpu: bool = False
-    on_gpu: bool = False  # the run trains on a GPU (a trainer stuck in torch is then stuck in GPU work)
-    launcher: str = ""  # several GPUs: what torch's launcher reported of this attempt (its root cause)
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    cls: str  # one of CLASSES
-    title: str  # what rocm-yolo's line calls it: "GPU memory access fault (page not present)"
-    signature: str  # what makes two failures the same
-    evidence: tuple[str, ...] = ()  # the lines that decided it
-    detail: dict = field(default_factory=dict)  # gpu-oom: the sizes in bytes; host-oom: the victim
+_NOISE = (
+    (re.compile(r"\b\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"), " "),  # ISO timestamps
+    (re.compile(r"\b[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+"), " "),  # glog's (torch's C++ and launcher lines)
+    (re.compile(r"\b\d\d?:\d\d:\d\d(?:[.,]\d+)?\b"), " "),  # clock times
+    (re.compile(r"\[\s*\d+\.\d+\]"), " "),  # the kernel's seconds since boot
+    (re.compile(r"0x[0-9a-fA-F]+"), "0x?"),
+    (re.compile(r"(?:[A-Za-z]:)?(?:[/\\][^\s/\\:'\"()\[\],]+)+[/\\]?"), "PATH"),
+    (re.compile(r"\b[0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12}\b", re.I), "ID"),  # uuids
+    (re.compile(r"\d+(?:\.\d+)?"), "N"),
+)
 
 
 def normalized(text: str) -> str:
-    """``text`` without what differs between two runs of the same failure: addresses, pids, long numbers."""
-    text = re.sub(r"0x[0-9a-fA-F]+", "0x?", text)
-    text = re.sub(r"\bpid(\(s\))?:? ?[\d, ]+", "pid N ", text)
+    """``text`` without what differs between two runs of the same failure: timestamps, addresses, paths (temporary
+    ones included), pids, worker indices, step counters and every other number."""
+    for rx, to in _NOISE:
+        text = rx.sub(to, text)
     return re.sub(r"\s+", " ", text).strip()[:300]
+
+
+def oom_sizes(text: str) -> dict[str, int]:
+    """The sizes torch's out-of-memory message gives, in bytes: tried, total, free, allocated, reserved."""
+    out = {}
+    for key, rx in _OOM_NUMBERS.items():
+        m = rx.search(text)
+        if m:
+            out[key] = int(float(m[1]) * _UNITS[m[2]])
+    return out
 
 
 def _reason(text: str) -> str:
@@ -116,207 +112,118 @@ def _reason(text: str) -> str:
     return short.get(key, key or "no reason given")
 
 
-def _bytes(number: str, unit: str) -> int:
-    return int(float(number) * _UNITS[unit])
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::(?:\s.*)?)?$")  # "torch.OutOfMemoryError: ..."
 
 
-def oom_sizes(text: str) -> dict[str, int]:
-    """The sizes torch's out-of-memory message gives, in bytes: tried, total, free, allocated, reserved."""
-    out = {}
-    for key, rx in _OOM_NUMBERS.items():
-        m = rx.search(text)
-        if m:
-            out[key] = _bytes(m[1], m[2])
-    return out
+def last_exception(traceback: str) -> str:
+    """The traceback's final ``Type: message`` line (a warning's ``path.py:55: UserWarning: ...`` is none)."""
+    lines = [
+        x
+        for x in vocabulary.clean(traceback).splitlines()
+        if x.strip() and not x.startswith((" ", "\t", "Traceback", "During", "The ", "^")) and _EXCEPTION_LINE.match(x)
+    ]
+    return lines[-1].strip() if lines else ""
 
 
-def _kernel_kinds(lines) -> dict[str, list[str]]:
+def _how(code: int | None) -> str:
+    return f"exit code {code}" if code is None or code >= 0 else f"killed by {signal_name(-code)}"
+
+
+def _named_file(line: str, text: str) -> str:
+    """The file a data error names: in its own line, else in the message lines of the text."""
+    m = _FILE.search(line)
+    if m:
+        return m[1]
+    for x in text.splitlines():
+        if not x.startswith((" ", "\t")) and 'File "' not in x:
+            m = _FILE.search(x)
+            if m:
+                return m[1]
+    return ""
+
+
+# --------------------------------------------------------------------------- words into a diagnosis
+
+
+def _from_word(word: Word, line: str, text: str, weak: bool) -> Diagnosis:
+    cls, detail, title = word.cls, {}, ""
+    why = f"{word.name}" + (f" ({word.meaning})" if word.meaning else "") + f": {word.source}"
+    key = line
+    if cls == GPU_FAULT and (m := _HSA_REASON.search(line)):
+        reason = _reason(m[2])
+        title, detail, key = f"GPU memory access fault ({reason})", {"node": int(m[1]), "reason": reason}, reason
+    elif cls in (GPU_FAULT, GPU_HANG, ENVIRONMENT) and (m := _HSA_STATUS.search(line)):
+        title, key = f"{_TITLES[cls]} ({m[1]})", m[1]
+    elif cls in (GPU_FAULT, GPU_HANG, ENVIRONMENT) and (m := _HIP_NAME.search(line)):
+        title = f"{_TITLES[cls]} ({(m[1] or m[2]).strip()[:120]})"
+    elif cls == GPU_HANG and "reason" in line.lower():
+        title, key = f"GPU hang ({line.rsplit(':', 1)[-1].strip()})", "GPU Hang"
+    elif cls == GPU_OOM:
+        detail = oom_sizes(text)
+        title, key = "GPU out of memory", ""
+    elif cls == DATA_ERROR:
+        named = _named_file(line, text)
+        title = f"data error ({word.name}: {named})" if named else f"data error ({line[:160]})"
+        detail = {"file": named} if named else {}
+    elif cls == TRAINING_ERROR:
+        title = f"training error ({word.name}: {word.meaning.split(':')[0]})"
+    if not title:
+        title = f"{_TITLES[cls]} ({line[:160]})"
+    detail["word"] = word.name
+    return Diagnosis(cls, title, f"{cls}: {normalized(key)}" if key else cls, (line,), detail, weak, why)
+
+
+_TITLES = {
+    ENVIRONMENT: "the installed software cannot run on this GPU",
+    GPU_OOM: "GPU out of memory",
+    HOST_OOM: "host out of memory",
+    GPU_FAULT: "GPU error",
+    GPU_HANG: "GPU hang",
+    COLLECTIVE: "collective failed between the GPUs",
+    LOADER: "DataLoader worker died",
+    DATA_ERROR: "data error",
+    TRAINING_ERROR: "training error",
+}
+
+
+def _kernel(lines: tuple[str, ...], e: Evidence, weak: bool) -> Diagnosis | None:
+    """A class from the kernel's lines: a GPU hang (ring timeout, GPU reset, MES), a page fault when the attempt
+    died, the OOM killer's victim."""
     found: dict[str, list[str]] = {}
     for line in lines:
         for kind in kinds(line):
             found.setdefault(kind, []).append(line)
-    return found
-
-
-def _last_exception(traceback: str) -> str:
-    """The traceback's final ``Type: message`` line."""
-    lines = [x for x in traceback.splitlines() if x.strip() and not x.startswith((" ", "Traceback", "During", "The "))]
-    return lines[-1].strip() if lines else ""
-
-
-def _signal_name(code: int | None) -> str:
-    return f"exit code {code}" if code is None or code >= 0 else f"killed by {signal_name(-code)}"
-
-
-# --------------------------------------------------------------------------- hang stacks
-
-
-def sections(stacks: str) -> list[tuple[int, str, str]]:
-    """(pid, role, text) of each process of a stacks file (:func:`rocm_yolo.process.tree.dump_stacks`)."""
-    marks = list(_SECTION.finditer(stacks))
-    return [
-        (int(m[1]), m[2], stacks[m.end() : marks[i + 1].start() if i + 1 < len(marks) else len(stacks)])
-        for i, m in enumerate(marks)
-    ]
-
-
-def threads(text: str) -> list[list[tuple[str, str]]]:
-    """Each faulthandler thread block of ``text`` as its frames (file, function), innermost first."""
-    out: list[list[tuple[str, str]]] = []
-    for line in text.splitlines():
-        if re.match(r"^(Current thread|Thread) 0x", line):
-            out.append([])
-        elif out:
-            m = _FRAME.match(line)
-            if m:
-                out[-1].append((m[1], m[2]))
-    return [t for t in out if t]
-
-
-def main_thread(text: str) -> list[tuple[str, str]]:
-    """The main thread's frames (its outermost frame is not threading's ``_bootstrap``), innermost first."""
-    blocks = threads(text)
-    main = [t for t in blocks if t[-1][1] != "_bootstrap"]
-    return (main or blocks or [[]])[0]
-
-
-def _waits_for_data(frames) -> bool:
-    return any(
-        "torch/utils/data/" in f or f.endswith(("patches/threads.py", "patches/dataloader.py")) for f, _ in frames
-    )
-
-
-def _in_collective(frames) -> bool:
-    return any("torch/distributed/" in f or (_COLLECTIVES.match(fn) and "torch/" in f) for f, fn in frames)
-
-
-def _in_torch(frames) -> bool:
-    inner = [f for f, _ in frames[:3]]
-    return any("/torch/" in f and "torch/utils/data/" not in f for f in inner)
-
-
-def _py_spy(text: str) -> str:
-    """The main thread of a section's ``py-spy dump --native`` (where it ran), or ''."""
-    dump = text.split("--- py-spy dump --native", 1)[1] if "--- py-spy dump --native" in text else ""
-    return dump.split("\nThread ", 2)[1] if dump.count("\nThread ") else dump
-
-
-def _where(frames) -> str:
-    return f"{frames[0][1]} ({frames[0][0].rsplit('/', 2)[-1]})" if frames else "no Python stack"
-
-
-def _hang(e: Evidence, kernel: dict[str, list[str]]) -> Diagnosis:
-    parts = sections(e.stacks)
-    trainers = [(pid, text) for pid, role, text in parts if role in ("trainer", "rank")]
-    ranks = [(pid, text) for pid, role, text in parts if role == "rank"]
-    mains = {pid: main_thread(text) for pid, text in (ranks or trainers)}
-    for pid, frames in mains.items():
-        if _waits_for_data(frames):
-            stuck = [f"pid {p}: {_where(main_thread(t))}" for p, role, t in parts if role == "worker"]
-            return Diagnosis(
-                LOADER,
-                "DataLoader hang (the trainer waits for a batch that never comes)",
-                f"{LOADER}: hang in {frames[0][1]}",
-                (f"trainer pid {pid} waits in {_where(frames)}", *(f"worker {s}" for s in stuck[:4])),
-            )
-    if e.multi_gpu and len(ranks) > 1 and all(_in_collective(f) for f in mains.values()):
-        return Diagnosis(
-            COLLECTIVE,
-            "collective hang between the GPUs (every rank waits in a collective)",
-            f"{COLLECTIVE}: hang",
-            tuple(f"rank pid {pid} waits in {_where(f)}" for pid, f in mains.items()),
-        )
-    hung = [kind for kind in _KERNEL_HANG if kind in kernel]
+    why = "the amdgpu driver's kernel lines (Linux drivers/gpu/drm/amd: amdgpu_job_timedout, gmc_v*_0.c)"
+    hung = [kind for kind in _KERNEL_HANG if kind in found]
     if hung:
-        lines = [line for kind in hung for line in kernel[kind]]
-        return Diagnosis(
-            GPU_HANG, f"GPU hang (kernel log: {', '.join(hung)})", f"{GPU_HANG}: {hung[0]}", tuple(lines[:8])
-        )
-    outside = [pid for pid, f in mains.items() if not _in_torch(f) and not _in_collective(f)]
-    if len(ranks) > 1 and 0 < len(outside) < len(mains):  # one rank stuck in Python: the others wait for it
-        return _rank_stuck(mains)
-    stuck = {pid: f for pid, f in mains.items() if _in_torch(f)}
-    if e.on_gpu and stuck:
-        pid, frames = next(iter(stuck.items()))
-        return Diagnosis(
-            GPU_HANG,
-            f"main-process hang inside GPU work (in {frames[0][1]})",
-            f"{GPU_HANG}: stuck in {frames[0][1]}",
-            (f"trainer pid {pid} stuck in {_where(frames)}",),
-        )
-    native = [(pid, m[0]) for pid, text in trainers for m in [_HIP_NATIVE.search(_py_spy(text))] if m]
-    if e.on_gpu and native:
-        pid, call = native[0]
-        return Diagnosis(
-            GPU_HANG, f"main-process hang inside GPU work (in {call})", f"{GPU_HANG}: stuck in {call}", (f"pid {pid}",)
-        )
-    if len(ranks) > 1:
-        return _rank_stuck(mains)
-    pid, frames = next(iter(mains.items()), (None, []))
-    title = f"hang (the trainer in {_where(frames)})"
-    return Diagnosis(UNKNOWN, title, f"{UNKNOWN}: hang in {frames[0][1] if frames else '?'}", (title,))
-
-
-def _rank_stuck(mains: dict) -> Diagnosis:
-    """On several GPUs: the rank stuck outside torch and its collectives is the one the others wait for."""
-    outside = ((p, f) for p, f in mains.items() if not _in_torch(f) and not _in_collective(f))
-    pid, frames = next(
-        outside, next(((p, f) for p, f in mains.items() if not _in_collective(f)), next(iter(mains.items())))
-    )
-    title = f"hang (rank pid {pid} in {_where(frames)}; the other ranks wait for it)"
-    return Diagnosis(UNKNOWN, title, f"{UNKNOWN}: hang in {frames[0][1] if frames else '?'}", (title,))
-
-
-# --------------------------------------------------------------------------- the rules
-
-
-def _gpu_fault(e: Evidence, text: str, kernel: dict[str, list[str]]) -> Diagnosis | None:
-    m = _HSA_FAULT.search(text)
-    if m:
-        reason = _reason(m[2])
-        return Diagnosis(
-            GPU_FAULT,
-            f"GPU memory access fault ({reason})",
-            f"{GPU_FAULT}: {reason}",
-            (m[0].strip(), *kernel.get("page fault", [])[:6]),
-            {"node": int(m[1]), "reason": reason},
-        )
-    m = _HW_EXCEPTION.search(text)
-    if m:
-        reason = m[2].strip()
-        cls = GPU_HANG if "hang" in reason.lower() else GPU_FAULT
-        return Diagnosis(
-            cls, f"GPU {'hang' if cls == GPU_HANG else 'exception'} ({reason})", f"{cls}: {reason}", (m[0].strip(),)
-        )
-    m = _HIP_FAULT.search(text)
-    if m and not _GPU_OOM.search(text):  # HIP's out of memory is gpu-oom's
-        return Diagnosis(GPU_FAULT, f"GPU error ({m[1].strip()})", f"{GPU_FAULT}: {normalized(m[1])}", (m[0].strip(),))
-    if e.failure == "crash" and "page fault" in kernel:
-        return Diagnosis(
-            GPU_FAULT, "GPU page fault (kernel log)", f"{GPU_FAULT}: page fault", tuple(kernel["page fault"][:8])
-        )
-    return None
-
-
-def _memory(e: Evidence, text: str, kernel: dict[str, list[str]]) -> Diagnosis | None:
-    m = _GPU_OOM.search(text)
-    if m:
-        sizes = oom_sizes(text)
-        return Diagnosis(GPU_OOM, "GPU out of memory", GPU_OOM, (m[0].strip()[:300],), sizes)
-    killed = [(pid, name) for pid, name in victims(e.kernel) if not e.pids or pid in e.pids]
-    if killed:
+        shown = [line for kind in hung for line in found[kind]][:8]
+        sig = f"{GPU_HANG}: {hung[0]}"
+        return Diagnosis(GPU_HANG, f"GPU hang (kernel log: {', '.join(hung)})", sig, tuple(shown), {}, weak, why)
+    if "page fault" in found and e.failure == "crash":
+        fault = tuple(found["page fault"][:8])
+        return Diagnosis(GPU_FAULT, "GPU page fault (kernel log)", f"{GPU_FAULT}: page fault", fault, {}, weak, why)
+    killed = victims(lines)  # the lines are the attempt's already: so are their victims
+    if killed and OOM in found:
         pid, name = killed[-1]
-        lines = tuple(x for x in e.kernel if str(pid) in x)[:4]
-        return Diagnosis(
-            HOST_OOM,
-            f"host out of memory: the OOM killer killed {name} (pid {pid})",
-            HOST_OOM,
-            lines,
-            {"victim_pid": pid, "victim": name},
-        )
-    if _last_exception(e.traceback).startswith("MemoryError"):
-        return Diagnosis(HOST_OOM, "host out of memory (MemoryError)", HOST_OOM, (_last_exception(e.traceback),))
+        shown = tuple(x for x in lines if str(pid) in x)[:4]
+        title = f"host out of memory: the OOM killer killed {name} (pid {pid})"
+        detail = {"victim_pid": pid, "victim": name}
+        return Diagnosis(HOST_OOM, title, HOST_OOM, shown, detail, weak, "the kernel's OOM killer (mm/oom_kill.c)")
     return None
+
+
+# signals a process gets from outside (a user, the OOM killer, a scheduler), not from its own runtime's abort
+_FROM_OUTSIDE = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _rank_killed(e: Evidence) -> tuple[int, int] | None:
+    """On several GPUs, (rank, exit code) of the first rank killed by a signal from outside, as torch's launcher
+    said (a rank that aborted itself said why: its words decide)."""
+    if not e.multi_gpu:
+        return None
+    found = [(int(r), int(c)) for r, c in _ROOT_CAUSE.findall(e.launcher)]
+    found += [(int(r), int(c)) for c, r in _RANK_FAILED.findall(f"{e.launcher}\n{e.stderr}")]
+    return next(((r, c) for r, c in found if c < 0 and -c in _FROM_OUTSIDE), None)
 
 
 def root_cause(launcher: str) -> tuple[int, int] | None:
@@ -325,60 +232,135 @@ def root_cause(launcher: str) -> tuple[int, int] | None:
     return (int(found[-1][0]), int(found[-1][1])) if found else None
 
 
-_WORKER_SIGNAL = re.compile(r"DataLoader worker \(pid \d+\) is killed by signal: ([^.\n]+)|pid \d+ killed by (SIG\w+)")
+def _signal_death(e: Evidence, killed: tuple[int, int] | None) -> Diagnosis:
+    """A death by a signal (the attempt's, or its first rank's) with no word of the process about it."""
+    code = killed[1] if killed else e.exit_code
+    how = (f"rank {killed[0]} " if killed else "training process ") + _how(code)
+    if code == -signal.SIGKILL and not e.kernel_readable:
+        title = f"{how}; probably host out of memory (the kernel's OOM killer sends SIGKILL; the {e.kernel_source})"
+        return Diagnosis(HOST_OOM, title, "", (how,), {}, True, "SIGKILL with no word: the OOM killer's signal")
+    if code == -signal.SIGKILL:
+        title = f"{how}, no evidence of the cause (the kernel log has no OOM-killer line of the run's processes)"
+    else:
+        title = f"{how}, no evidence of the cause"
+    return Diagnosis(UNKNOWN, title, "", (how,), {}, False, "a signal and no word from the process: nothing to name")
 
 
-def _sigkill_note(e: Evidence) -> str:
+def _sigkill_note(e: Evidence, line: str) -> str:
     """For a worker killed by SIGKILL: who usually sends it, and what the kernel log said of it."""
-    found = _WORKER_SIGNAL.findall(f"{e.stderr}\n{e.traceback}")
-    if not found:
+    if not re.search(r"killed by signal: Killed|killed by SIGKILL", line):
         return ""
-    torch_words, ours = found[-1]
-    if torch_words.strip() != signal.strsignal(signal.SIGKILL) and ours != signal_name(signal.SIGKILL):
-        return ""
-    if e.kernel_source.startswith("kernel log not readable"):
+    if not e.kernel_readable:
         seen = f"the {e.kernel_source} to confirm it: see `dmesg` or `journalctl -k`"
     else:
         seen = "the kernel log has no OOM-killer line of the run's processes"
     return f"; SIGKILL usually comes from the kernel's out-of-memory killer ({seen})"
 
 
-def _crash(e: Evidence, text: str, kernel: dict[str, list[str]]) -> Diagnosis:
-    first = root_cause(e.launcher) if e.multi_gpu else None
-    if first is not None and first[1] < 0:  # a rank killed by a signal: the others' errors are its consequences
-        how = f"rank {first[0]} {_signal_name(first[1])}"
-        return Diagnosis(UNKNOWN, f"{how}, no evidence of the cause", f"{UNKNOWN}: {how}", (how,))
-    for rx, cls, title in (
-        (_DEAD_WORKER, LOADER, "DataLoader worker died"),
-        (_DATA, DATA_ERROR, "data error"),
-        (_COLLECTIVE_ERROR, COLLECTIVE, "collective failed between the GPUs"),
+def _traceback_error(e: Evidence, weak: bool) -> Diagnosis | None:
+    last = last_exception(e.traceback)
+    frames = _TRACE_FRAME.findall(e.traceback)
+    why = "the crash's own traceback"
+    if frames and "torch/utils/data/" in frames[-1][0]:  # raised by the DataLoader's own machinery
+        where = f"{frames[-1][1]} ({frames[-1][0].rsplit('/', 1)[-1]})"
+        title = f"DataLoader failed ({last or 'in ' + where})"
+        return Diagnosis(LOADER, title, f"{LOADER}: {normalized(last or where)}", (last or where,), {}, weak, why)
+    if not last:
+        return None
+    kind = last.split(":", 1)[0]
+    if frames and "ultralytics/data/" in frames[-1][0]:
+        named = _named_file(last, e.traceback)
+        title = f"data error ({kind}{': ' + named if named else ''})"
+        detail = {"file": named} if named else {}
+        return Diagnosis(DATA_ERROR, title, f"{DATA_ERROR}: {normalized(last)}", (last,), detail, weak, why)
+    return Diagnosis(
+        TRAINING_ERROR, f"training error ({kind})", f"{TRAINING_ERROR}: {normalized(last)}", (last,), {}, weak, why
+    )
+
+
+# --------------------------------------------------------------------------- the rules
+
+
+def _crash(e: Evidence) -> Diagnosis:
+    text = vocabulary.clean(f"{e.stderr}\n{e.traceback}")
+    found = vocabulary.first(text)
+    killed = _rank_killed(e)
+    from_kernel = _kernel(e.kernel, e, weak=False)
+    # a worker's death or a collective's failure is what the kernel's word of the run explains (its OOM killer, a
+    # GPU hang); on several GPUs, what the other ranks say after one was killed by a signal is its consequence
+    consequence = found is not None and found[0].cls in (COLLECTIVE, LOADER)
+    if (
+        found is not None
+        and not (consequence and from_kernel is not None)
+        and not (killed and found[0].cls in (COLLECTIVE, LOADER, DATA_ERROR, TRAINING_ERROR))
     ):
-        m = rx.search(text)
-        if m and (cls != COLLECTIVE or e.multi_gpu):
-            title = f"{title} ({m[0].strip()[:160]})" + (_sigkill_note(e) if cls == LOADER else "")
-            return Diagnosis(cls, title, f"{cls}: {normalized(m[0])}", (m[0].strip(),))
-    hung = [kind for kind in _KERNEL_HANG if kind in kernel]
-    if hung:
-        lines = [line for kind in hung for line in kernel[kind]]
+        word, line = found
+        diagnosis = _from_word(word, line, text, weak=False)
+        if word.cls == LOADER:
+            diagnosis = _with_title(diagnosis, diagnosis.title + _sigkill_note(e, line))
+        return diagnosis
+    if from_kernel is not None:
+        return from_kernel
+    if killed is not None:  # a rank killed by a signal: the others' errors are its consequences
+        return _signal_death(e, killed)
+    from_traceback = _traceback_error(e, weak=False)
+    if from_traceback is not None:
+        return from_traceback
+    if e.exit_code is not None and e.exit_code < 0:
+        return _signal_death(e, None)
+    return Diagnosis(
+        UNKNOWN, f"training process {_how(e.exit_code)}, no evidence of the cause", "", (_how(e.exit_code),)
+    )
+
+
+def _hang(e: Evidence) -> Diagnosis:
+    """A hang: the kernel's word of a GPU hang first, then the stacks, then what the stderr says."""
+    from_kernel = _kernel(e.kernel, e, weak=False)
+    if from_kernel is not None and from_kernel.cls == GPU_HANG:
+        return from_kernel
+    text = vocabulary.clean(e.stderr)
+    found = vocabulary.first(text)
+    if found is not None and found[0].cls == GPU_HANG:
+        return _from_word(*found, text, weak=False)
+    from_stacks = hangs.from_stacks(e.stacks, multi_gpu=e.multi_gpu, on_gpu=e.on_gpu) or hangs.from_traceback(text)
+    if from_stacks is not None and from_stacks.cls in (LOADER, COLLECTIVE):
+        return from_stacks
+    if found is not None:
+        return _from_word(*found, text, weak=False)
+    if from_stacks is not None:
+        return from_stacks
+    return hangs.nowhere(e.stacks)
+
+
+def _context(e: Evidence, found: Diagnosis) -> Diagnosis:
+    """No evidence of the failure's own: what the context suggests, weakly (a remedy that retries)."""
+    text = vocabulary.clean(e.earlier)
+    word = vocabulary.first(text)
+    if word is not None:
+        inferred = _from_word(*word, text, weak=True)
+    else:
+        inferred = _kernel(e.kernel_context, e, weak=True)
+    if inferred is None and e.failure == "hang" and e.multi_gpu and not e.stacks.strip():
         return Diagnosis(
-            GPU_HANG, f"GPU hang (kernel log: {', '.join(hung)})", f"{GPU_HANG}: {hung[0]}", tuple(lines[:8])
+            COLLECTIVE,
+            "hang on several GPUs with no stack and no word: most often a collective (RCCL)",
+            "",
+            (),
+            {},
+            True,
+            "no stacks could be read; a silent hang between GPUs is RCCL's usual one",
         )
-    last = _last_exception(e.traceback)
-    if last:
-        kind = last.split(":", 1)[0]  # the child's own line said the message already
-        frames = re.findall(r'File "([^"]+)", line \d+, in (\S+)', e.traceback)
-        if frames and "ultralytics/data/" in frames[-1][0]:
-            return Diagnosis(DATA_ERROR, f"data error ({kind})", f"{DATA_ERROR}: {normalized(last)}", (last,))
-        return Diagnosis(TRAINING_ERROR, f"training error ({kind})", f"{TRAINING_ERROR}: {normalized(last)}", (last,))
-    how = _signal_name(e.exit_code)
-    return Diagnosis(UNKNOWN, f"training process {how}, no evidence of the cause", f"{UNKNOWN}: {how}", (how,))
+    if inferred is None:
+        return found
+    title = f"{inferred.title}; inferred from context only ({found.title})"
+    return Diagnosis(inferred.cls, title, "", inferred.evidence, inferred.detail, True, inferred.why)
+
+
+def _with_title(d: Diagnosis, title: str) -> Diagnosis:
+    return Diagnosis(d.cls, title, d.signature, d.evidence, d.detail, d.weak, d.why)
 
 
 def diagnose(e: Evidence) -> Diagnosis:
-    """The class of the failure ``e`` describes, with the lines that decided it."""
-    text = f"{e.stderr}\n{e.traceback}"
-    kernel = _kernel_kinds(e.kernel)
-    found = _gpu_fault(e, text, kernel) or _memory(e, text, kernel)
-    if found is not None:
-        return found
-    return _hang(e, kernel) if e.failure == "hang" else _crash(e, text, kernel)
+    """The class of the failure ``e`` describes, with the lines that decided it and why."""
+    found = _hang(e) if e.failure == "hang" else _crash(e)
+    return _context(e, found) if found.cls == UNKNOWN and not found.signature else found

@@ -1,4 +1,4 @@
-"""What the supervisor reads about a failure and the machine it ran on: the mechanism behind :mod:`.diagnosis`.
+"""What the supervisor reads about a failure and the machine it ran on: the mechanism behind :mod:`.diagnose`.
 
 :func:`gather` collects one failure's :class:`~rocm_yolo.supervisor.diagnosis.Evidence`: the child's exit status,
 the tail of its stderr, the traceback(s) it wrote (``RUN/crash-K.txt``, a rank's ``crash-K-rankN.txt``), the
@@ -18,18 +18,21 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rocm_yolo.diagnosis.diagnose import root_cause
+from rocm_yolo.diagnosis.record import Diagnosis, Evidence
+from rocm_yolo.diagnosis.remedies import Context
 from rocm_yolo.gpu import kernel_log, release
 from rocm_yolo.gpu.arch import GpuNode, architectures, detect_gpus
-from rocm_yolo.run.devices import world_size
+from rocm_yolo.gpu.count import used_gpus
+from rocm_yolo.run.devices import gpu_ids, world_size
+from rocm_yolo.run.events import foreign, read_events
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.run.supervisor_state import Failure
-from rocm_yolo.supervisor.diagnosis import Diagnosis, Evidence, root_cause
-from rocm_yolo.supervisor.remedies import Context
 from rocm_yolo.ultralytics_rules import config as ucfg
 
-MARGIN = 5.0  # seconds around an attempt's window: the clocks of the kernel's log and ours differ a little
+MARGIN = 5.0  # seconds after an attempt's end: the clocks of the kernel's log and ours differ a little
 KERNEL_LINES = 50  # at most this many of the window's lines go into the evidence
 REPORT_STDERR_LINES = 40
 KERNEL_LOG_TIMEOUT = 5.0  # per source (dmesg, journalctl): the restart waits for it
@@ -90,32 +93,68 @@ def launcher_report(path: Path, since: float) -> str:
     return "\n".join(out)
 
 
-def run_pids(paths: RunPaths) -> set[int]:
-    """Every pid the run recorded: its trainers' and workers' stack files, its DataLoader workers."""
+def run_pids(paths: RunPaths, since: float = 0.0) -> set[int]:
+    """The pids the run recorded from ``since`` on (wall clock): its trainers' and workers' stack files, its
+    DataLoader workers. An earlier attempt's processes are not this attempt's."""
     pids = set()
     try:
         for p in paths.stacks.glob("*.txt"):
             m = re.search(r"-(\d+)$", p.stem)
-            if m:
+            if m and p.stat().st_mtime >= since - 1:
                 pids.add(int(m[1]))
     except OSError:
         pass
     for line in _read(paths.workers).splitlines():
         try:
-            pids.add(int(json.loads(line)["pid"]))
-        except (ValueError, KeyError, TypeError):
+            record = json.loads(line)
+            if float(record.get("time", 0)) >= since - 1:
+                pids.add(int(record["pid"]))
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
     return pids
 
 
-def kernel_lines(path: str | None, start: float, end: float) -> tuple[tuple[str, ...], str]:
-    """The kernel log's lines that matter between ``start`` and ``end`` (wall clock), and where they came from."""
+@dataclass(frozen=True)
+class KernelWindow:
+    """The kernel log's lines of an attempt's window, by whose they are (:func:`rocm_yolo.gpu.kernel_log.attribute`)."""
+
+    run: tuple[str, ...] = ()  # of the attempt's processes, or of its cards
+    unnamed: tuple[str, ...] = ()  # of no process and no card: context
+    others: tuple[str, ...] = ()  # of other processes or cards: never the run's
+    source: str = ""  # where the lines came from, or why there are none
+
+
+def _lines(events) -> tuple[str, ...]:
+    return tuple(line for event in events for line in event.lines)[-KERNEL_LINES:]
+
+
+def kernel_lines(path: str | None, start: float, end: float, pids, cards) -> KernelWindow:
+    """The kernel log's lines that matter from ``start`` (the attempt's child started) to ``end`` (wall clock), by
+    whose they are: ``pids`` the attempt's processes, ``cards`` the PCI addresses of the cards it used."""
     log = kernel_log.read(path, timeout=KERNEL_LOG_TIMEOUT)
     if not log.readable:
-        return (), f"kernel log not readable ({log.source})"
-    window = kernel_log.within(log.lines, start - MARGIN, end + MARGIN)
-    lines = [line.text.strip() for line in window if kernel_log.kinds(line.text)]
-    return tuple(lines[-KERNEL_LINES:]), log.source
+        return KernelWindow(source=f"kernel log not readable ({log.source})")
+    window = kernel_log.within(log.lines, start, end + MARGIN)
+    found = kernel_log.attribute(kernel_log.events(window), pids, cards)
+    return KernelWindow(_lines(found.run), _lines(found.unnamed), _lines(found.others), log.source)
+
+
+def run_cards(spec: RunSpec, gpus: list[GpuNode]) -> list[str]:
+    """The PCI addresses of the cards the run trains on (none on the CPU)."""
+    device = str(spec.train_args.get("device", "") or "").strip().lower()
+    ids = None if device in ("cpu", "mps") else gpu_ids(device)
+    env = {**os.environ, **spec.env}
+    return [g.pci_address for g in used_gpus(gpus, ids, env) if g.pci_address]
+
+
+def failed_batch(paths: RunPaths, since: float) -> int | None:
+    """The batch size the attempt that started at ``since`` (wall clock) trained with when it failed, as its trainer
+    said (Ultralytics halves the batch itself after an out-of-memory error in the first epoch); None if it did not."""
+    for record in reversed(read_events(paths.events)):
+        if record.get("event") == "crash_traceback" and float(record.get("time") or 0) >= since:
+            batch = record.get("batch")
+            return batch if isinstance(batch, int) and not isinstance(batch, bool) else None
+    return None
 
 
 def gather(
@@ -123,40 +162,39 @@ def gather(
     failure: str,
     *,
     exit_code: int | None,
-    stderr: str,
+    stderr: tuple[str, str],
     stacks: Path | None,
     kernel_path: str | None,
     window: tuple[float, float],
     pids: set[int],
     gpus: list[GpuNode],
 ) -> Evidence:
-    """One failure's evidence (``failure``: "hang" or "crash")."""
-    kernel, source = kernel_lines(kernel_path, *window)
+    """One failure's evidence (``failure``: "hang" or "crash"; ``stderr``: the child's, before and since its last
+    progress; ``window``: from the attempt's child start to now, wall clock; ``pids``: the attempt's tree)."""
+    pids = set(pids) | run_pids(spec.paths, window[0])
+    kernel = kernel_lines(kernel_path, *window, pids, run_cards(spec, gpus))
     device = str(spec.train_args.get("device", "") or "").strip().lower()
     multi = world_size(spec.train_args) > 1
     launcher = launcher_report(spec.paths.torchrun_log, window[0]) if multi and failure == "crash" else ""
     first = root_cause(launcher)
+    earlier, since = stderr
     return Evidence(
         failure=failure,
         exit_code=exit_code,
-        stderr=stderr,
+        stderr=foreign(since),
+        earlier=foreign(earlier),
         traceback=tracebacks(spec.paths, spec.attempt, first[0] if first else None) if failure == "crash" else "",
         stacks=_read(stacks) if stacks is not None else "",
-        kernel=kernel,
-        kernel_source=source,
-        pids=frozenset(pids | run_pids(spec.paths)),
+        kernel=kernel.run,
+        kernel_context=kernel.unnamed,
+        kernel_others=kernel.others,
+        kernel_source=kernel.source,
+        pids=frozenset(pids),
         multi_gpu=multi,
         on_gpu=bool(gpus) and device not in ("cpu", "mps"),
         launcher=launcher,
+        batch=failed_batch(spec.paths, window[0]) if failure == "crash" else None,
     )
-
-
-def where(hb: Heartbeat | None) -> str:
-    """``epoch 2/3, batch 3/16`` (``validation batch``): where the run was last heard."""
-    if hb is None or hb.epoch <= 0:
-        return "start-up"
-    what = "batch" if hb.phase == "train" else ("validation batch" if hb.phase == "val" else f"{hb.phase} batch")
-    return f"epoch {hb.epoch}/{hb.epochs}, {what} {hb.batch}/{hb.batches}"
 
 
 def failure(
@@ -175,23 +213,48 @@ def failure(
         detected=detected or time.time(),
         report=str(report) if report else None,
         evidence=list(diagnosis.evidence),
+        weak=diagnosis.weak,
     )
 
 
+def _section(title: str, lines, none: str) -> list[str]:
+    return [title, *(f"  {line}" for line in lines or (none,))]
+
+
 def write_report(path: Path, diagnosis: Diagnosis, evidence: Evidence, where: str) -> Path | None:
-    """Add the diagnosis, its evidence, the kernel's lines and the stderr's tail to the failure's report file."""
+    """Add the diagnosis, the lines that decided it and why, the context, the kernel's lines and the stderr's end to
+    the failure's report file."""
     stderr = [x for x in evidence.stderr.splitlines() if x.strip()][-REPORT_STDERR_LINES:]
+    earlier = [x for x in evidence.earlier.splitlines() if x.strip()][-REPORT_STDERR_LINES // 2 :]
+    strength = (
+        "weak: read from context alone (an earlier line, a kernel line of no process and no card): the remedy "
+        "retries, never stops"
+        if diagnosis.weak
+        else "the failure's own output"
+    )
     parts = [
         "",
         f"--- rocm-yolo diagnosis: {diagnosis.title} at {where}",
         f"class: {diagnosis.cls}",
-        f"signature: {diagnosis.signature}",
-        "evidence:",
+        f"signature: {diagnosis.signature or '(none: nothing of its own to compare)'}",
+        f"evidence ({strength}):",
         *(f"  {line}" for line in diagnosis.evidence or ("(none)",)),
-        f"kernel log of the attempt ({evidence.kernel_source}):",
-        *(f"  {line}" for line in evidence.kernel or ("(no amdgpu or OOM-killer line)",)),
-        f"the training process's stderr, last {len(stderr)} lines:",
-        *(f"  {line}" for line in stderr),
+        f"why: {diagnosis.why or 'no rule matched'}",
+        *_section(
+            f"kernel log of the attempt, its processes and cards ({evidence.kernel_source}):",
+            evidence.kernel,
+            "(no amdgpu or OOM-killer line)",
+        ),
+        *_section("kernel lines of no process and no card (context):", evidence.kernel_context, "(none)"),
+        *_section("kernel lines of other processes or cards (never this run's):", evidence.kernel_others, "(none)"),
+        *_section(
+            f"the training process's stderr before its last progress (context), last {len(earlier)} lines:",
+            earlier,
+            "(none)",
+        ),
+        *_section(
+            f"the training process's stderr since its last progress, last {len(stderr)} lines:", stderr, "(none)"
+        ),
     ]
     try:
         with open(path, "a", encoding="utf-8") as f:
@@ -213,10 +276,11 @@ def context(spec: RunSpec, machine: Machine, diagnosis: Diagnosis, evidence: Evi
         user_args=user,
         multi_gpu=evidence.multi_gpu,
         gpus=world_size(args),
-        batch=args["batch"] if "batch" in args else _default("batch"),
+        batch=evidence.batch or (args["batch"] if "batch" in args else _default("batch")),  # the batch that failed
         imgsz=args["imgsz"] if "imgsz" in args else _default("imgsz"),
         vram_free=free,
         kernel_kinds=frozenset(k for line in evidence.kernel for k in kernel_log.kinds(line)),
+        amp=args.get("amp", True),
     )
 
 

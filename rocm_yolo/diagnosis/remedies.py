@@ -11,14 +11,19 @@ host-oom            the next profile of the ladder (``safe``: fewer workers)    
 gpu-fault, gpu-hang the same profile, once the GPU is released, once            4 on the second, with known fixes
 collective          the same profile with ``NCCL_P2P_DISABLE=1``, once          4 on the second, with known fixes
 gpu-oom             none: the same batch would fail again                       4 at once, with a smaller batch
+environment         none: the software cannot run on this card                  4 at once, with the fix for the card
 training-error,     the same profile (the loader is not the cause)              5 the same twice at the same place
 data-error
 ==================  ==========================================================  ===================================
 
 Whatever the class, the same failure (class and signature) twice at the same place (epoch, phase, batch) in two
 attempts in a row, after a remedy for it, stops the run: exit 4 for a cause in the environment (the GPU, its
-memory, the host's memory, the links between the GPUs), else 5 (:data:`rocm_yolo.errors.SAME_FAILURE`), so that a
-scheduler does not requeue it.
+memory, the host's memory, the links between the GPUs, the software), else 5 (:data:`rocm_yolo.errors.SAME_FAILURE`),
+so that a scheduler does not requeue it.
+
+**A stop needs evidence of the failure's own.** A diagnosis read from context alone (``weak``) gets the remedy
+that retries (the same profile for a GPU or environment class, else the ladder) and never stops the run, nor
+counts toward a later stop; a death by a signal with no word has no signature, so it is never "the same failure".
 """
 
 from __future__ import annotations
@@ -27,24 +32,25 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from rocm_yolo import errors
-from rocm_yolo.gpu import known_fixes
-from rocm_yolo.run.supervisor_state import Failure
-from rocm_yolo.supervisor.diagnosis import (
+from rocm_yolo.diagnosis.diagnose import GPU_CLASSES
+from rocm_yolo.diagnosis.record import UNKNOWN, Diagnosis
+from rocm_yolo.diagnosis.vocabulary import (
     COLLECTIVE,
     DATA_ERROR,
-    GPU_CLASSES,
+    ENVIRONMENT,
     GPU_FAULT,
     GPU_HANG,
     GPU_OOM,
     HOST_OOM,
     LOADER,
     TRAINING_ERROR,
-    UNKNOWN,
-    Diagnosis,
 )
+from rocm_yolo.gpu import known_fixes
+from rocm_yolo.run.supervisor_state import Failure
 
 LADDER, SAME, P2P_OFF, STOP = "ladder", "same", "p2p-off", "stop"
 REMEDY = {
+    ENVIRONMENT: STOP,
     LOADER: LADDER,
     UNKNOWN: LADDER,
     HOST_OOM: LADDER,
@@ -55,7 +61,7 @@ REMEDY = {
     TRAINING_ERROR: SAME,
     DATA_ERROR: SAME,
 }
-ENVIRONMENT = (GPU_FAULT, GPU_HANG, GPU_OOM, HOST_OOM, COLLECTIVE)  # a stop for these is the environment's: exit 4
+ENVIRONMENT_CLASSES = (GPU_FAULT, GPU_HANG, GPU_OOM, HOST_OOM, COLLECTIVE, ENVIRONMENT)  # their stops exit 4
 P2P_VARIABLE = "NCCL_P2P_DISABLE"
 SAFETY = 0.8  # of the memory a smaller batch may plan to use
 
@@ -74,6 +80,7 @@ class Context:
     imgsz: object = None
     vram_free: int | None = None  # bytes free on the card once the run released it (sysfs)
     kernel_kinds: frozenset = frozenset()  # what the kernel log said in the failure's window
+    amp: object = True  # the run's amp setting (the gfx101x presets turn it off)
 
 
 @dataclass(frozen=True)
@@ -105,22 +112,45 @@ def _same(a: Failure, b: Failure) -> bool:
     return (
         a.attempt == b.attempt - 1
         and a.remedy not in (None, STOP)
+        and not a.weak
+        and not b.weak
+        and bool(b.signature)
         and (a.cls, a.signature) == (b.cls, b.signature)
         and b.epoch is not None
         and (a.epoch, a.phase, a.batch) == (b.epoch, b.phase, b.batch)
     )
 
 
+def _retry(cls: str) -> Decision:
+    """What a weak diagnosis gets: the remedy that retries."""
+    if cls == COLLECTIVE:
+        return Decision(P2P_OFF, env={P2P_VARIABLE: "1"}, reason=f"with {P2P_VARIABLE}=1 (a guess: {_P2P_WHY})")
+    return Decision(SAME if cls in (*GPU_CLASSES, GPU_OOM, ENVIRONMENT) else LADDER)
+
+
+_P2P_WHY = f"RCCL's peer-to-peer off: {known_fixes.P2P_OFF.source}"
+
+
 def decide(failure: Failure, diagnosis: Diagnosis, previous: list[Failure], context: Context) -> Decision:
     """The remedy for ``failure`` (diagnosed as ``diagnosis``), given the ``previous`` failures of this run."""
     cls = failure.cls
-    env_code = errors.SETUP if cls in ENVIRONMENT else errors.SAME_FAILURE
+    if diagnosis.weak:
+        return _retry(cls)
+    previous = [p for p in previous if not p.weak]  # what context suggested counts toward no stop
+    env_code = errors.SETUP if cls in ENVIRONMENT_CLASSES else errors.SAME_FAILURE
     if previous and _same(previous[-1], failure):
         return Decision(
             STOP, env_code, f"the same failure twice at {place(failure)}: not retrying", verdict(diagnosis, context)
         )
     if cls == GPU_OOM:
         return Decision(STOP, errors.SETUP, oom_advice(diagnosis, context), verdict(diagnosis, context))
+    if cls == ENVIRONMENT:
+        return Decision(
+            STOP,
+            errors.SETUP,
+            f"{diagnosis.title}: a restart would meet it again; not retrying",
+            verdict(diagnosis, context),
+        )
     if cls in GPU_CLASSES and any(p.cls in GPU_CLASSES for p in previous):
         return Decision(
             STOP,
@@ -136,16 +166,17 @@ def decide(failure: Failure, diagnosis: Diagnosis, previous: list[Failure], cont
                 f"a collective hung again at {place(failure)}, with {P2P_VARIABLE}=1: not retrying",
                 verdict(diagnosis, context),
             )
-        return Decision(
-            P2P_OFF,
-            env={P2P_VARIABLE: "1"},
-            reason=f"with {P2P_VARIABLE}=1 (RCCL's peer-to-peer off: {known_fixes.P2P_OFF.source})",
-        )
+        return Decision(P2P_OFF, env={P2P_VARIABLE: "1"}, reason=f"with {P2P_VARIABLE}=1 ({_P2P_WHY})")
     return Decision(REMEDY.get(cls, LADDER))
 
 
 def verdict(diagnosis: Diagnosis, context: Context) -> tuple[str, ...]:
     """The known fixes for ``diagnosis`` on this machine, one line each with its public source."""
+    cards = f" on {', '.join(context.archs)}" if context.archs else ""
+    miopen = "MIOpen" in str(diagnosis.detail.get("word", ""))
+    if diagnosis.cls == ENVIRONMENT:
+        fixes = known_fixes.environment_fixes(list(context.archs), context.env, miopen=miopen, amp=context.amp)
+        return (f"what makes the software run{cards}:", *(f"  - {f.line()}" for f in fixes))
     if diagnosis.cls in GPU_CLASSES:
         fixes = known_fixes.gpu_failure_fixes(
             list(context.archs),
@@ -156,7 +187,8 @@ def verdict(diagnosis: Diagnosis, context: Context) -> tuple[str, ...]:
             page_not_present=diagnosis.detail.get("reason") == "page not present",
             multi_gpu=context.multi_gpu,
         )
-        cards = f" on {', '.join(context.archs)}" if context.archs else ""
+        if miopen:
+            fixes = [known_fixes.CONV_GEMM, *([known_fixes.AMP_OFF] if context.amp is not False else []), *fixes]
         return (f"known fixes for a {diagnosis.cls}{cards}:", *(f"  - {f.line()}" for f in fixes)) if fixes else ()
     if diagnosis.cls == COLLECTIVE:
         p2p = context.env.get(P2P_VARIABLE) == "1"

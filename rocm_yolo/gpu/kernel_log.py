@@ -223,6 +223,8 @@ def events(lines) -> list[KernelEvent]:
         text = (line.text if isinstance(line, KernelLine) else line).strip()
         found = kinds(text)
         named = _named(text)
+        if found and current is not None and _continues(current, found, named, text):
+            found = []  # a fault's status dump (VM_L2_PROTECTION_FAULT_STATUS) belongs to the fault above it
         if found:
             current = {"kinds": tuple(found), "lines": [text], "named": named, "card": None}
             out.append(current)
@@ -245,6 +247,14 @@ def events(lines) -> list[KernelEvent]:
         )
         for e in out
     ]
+
+
+def _continues(current: dict, found: list[str], named, text: str) -> bool:
+    """Whether a line that matters goes on the event above it: the same kind of the same card, no process of its own
+    and no header of a new fault (``(src_id:``)."""
+    m = _PCI.search(text)
+    card = m[1].lower() if m else None
+    return set(found) <= set(current["kinds"]) and card == current["card"] and not named and "(src_id" not in text
 
 
 @dataclass(frozen=True)

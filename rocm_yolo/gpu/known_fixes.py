@@ -1,6 +1,6 @@
 """The known fixes for GPU faults, GPU hangs and hung collectives, each with the public source that says it helps.
 
-The watchdog's verdict (:mod:`rocm_yolo.supervisor.remedies`) names them when a GPU failure comes back, and the
+The watchdog's verdict (:mod:`rocm_yolo.diagnosis.remedies`) names them when a GPU failure comes back, and the
 doctor names the same ones (its kernel-log row, its RCCL row): a fix is listed only where a public source reports
 that it helps, and only for the cards the source is about. Pure: reads nothing but its arguments.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from rocm_yolo.gpu.arch import family
-from rocm_yolo.gpu.wheels import KNOWN_OVERRIDES
+from rocm_yolo.gpu.wheels import KNOWN_OVERRIDES, choose
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,44 @@ AMP_AND_CONV = Fix(
     "self-test picks (--conv auto; docs/conv.md)",
     "Comfy-Org/ComfyUI#15615",
 )
+
+
+CONV_GEMM = Fix(
+    "--conv gemm: rocm-yolo's convolutions as matrix products, without MIOpen's convolution kernels (docs/conv.md)",
+    "ROCm/MIOpen#3077 (MIOpen convolutions that fail on a card)",
+)
+AMP_OFF = Fix("amp=False: MIOpen's BatchNorm fails under AMP on some cards", "ROCm/rocm-libraries#2169")
+DOCTOR = Fix("rocm-yolo doctor DATA: checks this machine's driver, devices, groups and torch build", "docs/doctor.md")
+WHEELS_SOURCE = "ROCm/TheRock SUPPORTED_GPUS.md; Ultralytics' AMD guide (docs/en/integrations/amd.md)"
+
+
+def environment_fixes(
+    archs: list[str], env: Mapping[str, str], *, miopen: bool = False, amp: object = None
+) -> list[Fix]:
+    """What makes the installed software run on ``archs`` (the KFD topology's; [] when it shows no AMD GPU):
+    a torch built for the card, the override value known for its family, and, for MIOpen's failures (``miopen``),
+    the conv strategy that avoids MIOpen and AMP off (``amp``: the run's amp setting)."""
+    fixes: list[Fix] = []
+    if archs:
+        choice = choose(archs, {})
+        fixes.append(Fix(f"a torch built for {', '.join(archs)}: {choice.advice()}", WHEELS_SOURCE))
+        override = (env.get("HSA_OVERRIDE_GFX_VERSION") or "").strip()
+        for fam in dict.fromkeys(family(a) for a in archs):
+            known = KNOWN_OVERRIDES.get(fam)
+            if known is None or not known.good or override == known.good:
+                continue
+            now = f" instead of {override}" if override else ""
+            fixes.append(Fix(f"HSA_OVERRIDE_GFX_VERSION={known.good} on {fam}{now}", known.source))
+    else:
+        fixes.append(
+            Fix("no AMD GPU in the KFD topology: the driver, /dev/kfd and the render group first", DOCTOR.source)
+        )
+    if miopen:
+        fixes.append(CONV_GEMM)
+        if amp not in (False, "False", "false", 0):
+            fixes.append(AMP_OFF)
+    fixes.append(DOCTOR)
+    return fixes
 
 
 def kernel_matrix(release: str) -> Fix:

@@ -24,6 +24,7 @@ import select
 import termios
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 CAP = 1 << 20  # the file: at most 1 MiB (its newest half survives a trim)
@@ -44,6 +45,7 @@ class Tee:
         self._read = self._kept = 0  # bytes read from the pipe, and of them kept (drain waits for both)
         self.done = threading.Event()
         self._partial = b""  # a line's beginning not shown yet: shown whole, so another writer never cuts it
+        self._reads: deque[tuple[float, int]] = deque(maxlen=4096)  # (wall clock, bytes kept): when each chunk came
         self._thread = threading.Thread(target=self._run, name="rocm-yolo-stderr", daemon=True)
         self._thread.start()
 
@@ -69,6 +71,7 @@ class Tee:
                     self._show(shown)  # outside the lock: a paused terminal (Ctrl-S) must not block the supervisor
                 with self._lock:
                     self._keep(data)
+                    self._reads.append((time.time(), self._kept))
         finally:
             if self._partial:
                 self._show(self._partial)
@@ -128,6 +131,20 @@ class Tee:
             settled = settled + 1 if not self.pending() and self._kept == self._read and not self._partial else 0
             time.sleep(0.01)
 
-    def tail(self) -> str:
+    def mark(self, at: float | None = None) -> int:
+        """Where the copy stood at wall-clock time ``at`` (now if None): the bytes kept by then, which :meth:`tail`
+        splits at. A chunk copied after ``at`` may hold bytes written a moment before it: they count as after."""
         with self._lock:
-            return self._tail.decode("utf-8", "replace")
+            if at is None:
+                return self._kept
+            before = [kept for when, kept in self._reads if when <= at]
+            return before[-1] if before else (self._kept - len(self._tail) if self._reads else 0)
+
+    def tail(self, since: int | None = None) -> tuple[str, str]:
+        """The newest ``tail`` bytes, split at the :meth:`mark` ``since``: (what came before it, what came after);
+        all of it after when ``since`` is None."""
+        with self._lock:
+            start = self._kept - len(self._tail)  # the tail's first byte, counted from the pipe's first
+            cut = min(max((since or 0) - start, 0), len(self._tail)) if since is not None else 0
+            before, after = bytes(self._tail[:cut]), bytes(self._tail[cut:])
+        return before.decode("utf-8", "replace"), after.decode("utf-8", "replace")

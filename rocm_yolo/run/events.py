@@ -12,6 +12,12 @@ from pathlib import Path
 PREFIX = "rocm-yolo:"
 
 
+def foreign(text: str) -> str:
+    """``text`` (a child's stderr) without rocm-yolo's own lines: what rocm-yolo said (its run header, a handled
+    error it names) is never evidence of what failed the child."""
+    return "".join(line for line in text.splitlines(keepends=True) if not line.lstrip("\r").startswith(PREFIX))
+
+
 class RunLog:
     def __init__(
         self,

@@ -28,6 +28,18 @@ from pathlib import Path
 
 MIN_INTERVAL = 1.0  # seconds between writes inside one phase
 
+# What an attempt does before its first trained batch (:attr:`Heartbeat.startup`), in order: what is slow before
+# training has its start-up allowance, but a loader iterated for its first batch is waited for as for any other.
+DATA = "data"  # Ultralytics' trainer made: the data set checked, scanned and cached, the model and the loaders built
+FIRST_BATCH = "first-batch"  # the train loader iterated for its first batch: the workers start and load it
+FIRST_STEP = "first-step"  # the first batch in hand: the first step (on a GPU, its kernels found and tuned)
+STEPS = {
+    "": "starting",
+    DATA: "checking the data set, building the model and the loaders",
+    FIRST_BATCH: "waiting for the first batch from the train loader",
+    FIRST_STEP: "the first training step (GPU kernel tuning)",
+}
+
 
 @dataclass(frozen=True)
 class Heartbeat:
@@ -47,6 +59,7 @@ class Heartbeat:
     started: float  # wall clock when this attempt started
     rank: int = 0  # the DDP rank that wrote it (0 on one GPU); rank 0 speaks for the run
     local_rank: int = 0  # its rank among its node's ranks: local rank 0 speaks for its node to the node's supervisor
+    startup: str = ""  # before the attempt's first trained batch, what it does (one of STEPS); "" after
 
     @property
     def lead(self) -> bool:
@@ -67,6 +80,7 @@ def parse(text: str | bytes) -> Heartbeat | None:
         return None
     data.setdefault("rank", 0)  # a record of a version before multi-GPU runs
     data.setdefault("local_rank", data["rank"])  # a record of a version before multi-node runs
+    data.setdefault("startup", "")  # a record of a version before start-up steps
     if set(data) != set(_TYPES):
         return None
     for key, kind in _TYPES.items():

@@ -76,7 +76,7 @@ class Hang:
     stalled_seconds: float
     stacks: str | None
     detected: float  # wall clock
-    cls: str | None = None  # what the watchdog found it was (supervisor.diagnosis: loader, gpu-hang, collective, ...)
+    cls: str | None = None  # what the watchdog found it was (diagnosis.diagnose: loader, gpu-hang, collective, ...)
     signature: str | None = None  # what makes two failures the same
 
 
@@ -94,7 +94,7 @@ class Recovery:
     detect_seconds: float
     restart_seconds: float
     retrain_seconds: float
-    failure: str | None = None  # the class of the failure it recovered from (supervisor.diagnosis)
+    failure: str | None = None  # the class of the failure it recovered from (diagnosis.diagnose)
 
 
 @dataclass
@@ -112,7 +112,8 @@ class Failure:
     detected: float  # wall clock
     report: str | None = None  # RUN/crash-K.txt or RUN/hang-K-stacks.txt, with the diagnosis and its evidence
     evidence: list | None = None  # the lines that decided the class
-    remedy: str | None = None  # ladder | same | p2p-off | stop (supervisor.remedies)
+    remedy: str | None = None  # ladder | same | p2p-off | stop (diagnosis.remedies)
+    weak: bool = False  # the class was read from context alone: it counted toward no stop
 
 
 @dataclass(frozen=True)

@@ -2,20 +2,18 @@
 
 It starts the training child, listens to its heartbeat, and makes one decision per tick:
 healthy, finished, a user or environment error, or stalled/crashed: dump the stacks, kill the
-whole tree, find out what failed from the evidence and act on the cause (the next profile, the
+whole tree, find out what failed (:mod:`rocm_yolo.diagnosis`) and act on the cause (the next profile, the
 same one once the GPU is released, RCCL's peer-to-peer off, or a stop with a verdict), and tell
 the user (the terminal, events.jsonl, a notify command, metrics.prom).
 
 - :mod:`.config`: ``WatchdogConfig``, every watchdog default in one place;
 - :mod:`.states`: how an attempt ends a run, and ``RunResult``;
-- :mod:`.loop`: ``Supervisor``, the monitor loop (policy);
+- :mod:`.loop`: ``Supervisor``, the monitor loop (policy): one attempt after another, each failure's remedy;
+- :mod:`.watch`: one attempt watched to its end (finished, crashed, stalled), as a typed ``AttemptEnd``;
 - :mod:`.signals`: the signals a terminal and a scheduler send (a stop, Ctrl-Z), acted on for the whole tree;
 - :mod:`.stall`: ``StallDetector``, "no progress for too long", knowing nothing of processes;
 - :mod:`.trainer_process`: the ``Child`` protocol and ``TrainerProcess``, the real one with its pipe (mechanism);
 - :mod:`.restart`: what the next attempt starts from, and tidying a finished run;
 - :mod:`.worklost`: where each failed attempt was and what the next one trained again;
-- :mod:`.evidence`: what the supervisor reads about a failure (stderr, traceback, stacks, kernel log) and the machine;
-- :mod:`.diagnosis`: the class of a failure from its evidence (policy, pure);
-- :mod:`.remedies`: what to do about each class, and when to stop with a verdict (policy, pure);
 - :mod:`.reporting`: each event to the terminal, events.jsonl, the notify command, and metrics.prom.
 """

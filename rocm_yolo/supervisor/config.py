@@ -21,6 +21,7 @@ class WatchdogConfig:
     stall_timeout: float = 180.0  # floor, seconds
     step_multiplier: float = 10.0  # timeout is at least this many slowest recent steps
     startup_grace: float = 900.0  # before the first training batch of an attempt (scan, cache, kernel tuning)
+    restart_startup_factor: float = 3.0  # a restart's allowance: this many times the run's own first start-up
     max_restarts: int = 3
     ladder: tuple[str, ...] = DEFAULT_LADDER
     poll_interval: float = 0.5

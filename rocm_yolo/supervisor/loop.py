@@ -2,8 +2,8 @@
 
 One monitor loop, one decision per tick: the child is healthy (keep watching), finished
 (done), made a user error (give up, exit 2), or stalled/crashed: dump the stacks, kill the
-whole tree, diagnose the failure from its evidence (:mod:`.evidence`, :mod:`.diagnosis`), and
-apply the remedy for its class (:mod:`.remedies`): resume the newest checkpoint on the next
+whole tree, diagnose the failure from its evidence (:mod:`rocm_yolo.diagnosis`), and
+apply the remedy for its class (:mod:`rocm_yolo.diagnosis.remedies`): resume the newest checkpoint on the next
 profile of the fallback ladder, on the same profile once the GPU is released, with RCCL's
 peer-to-peer off, or stop with a verdict. Each event reaches the terminal, ``events.jsonl``,
 the notify command and ``metrics.prom`` (:mod:`.reporting`). The states and their transitions
@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Callable
 
 from rocm_yolo import errors, triage
+from rocm_yolo.diagnosis import evidence, remedies
+from rocm_yolo.diagnosis.diagnose import GPU_CLASSES, diagnose
+from rocm_yolo.diagnosis.evidence import Machine
 from rocm_yolo.gpu.release import Release, wait_released
-from rocm_yolo.process.lifecycle import signal_name
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.spec import RunSpec
@@ -37,16 +39,15 @@ from rocm_yolo.run.supervisor_state import (
     read_state,
     write_state,
 )
-from rocm_yolo.supervisor import evidence, remedies
 from rocm_yolo.supervisor.config import WatchdogConfig
-from rocm_yolo.supervisor.diagnosis import GPU_CLASSES, diagnose
-from rocm_yolo.supervisor.evidence import Machine
 from rocm_yolo.supervisor.reporting import Reporter
 from rocm_yolo.supervisor.restart import environment_error, last_loadable, next_spec, resume_command, tidy_finished
 from rocm_yolo.supervisor.signals import Signals
-from rocm_yolo.supervisor.stall import FINISHED, StallDetector, ending_note, lingering, ranks_heard
-from rocm_yolo.supervisor.states import EXIT_STATES, RUN_EXIT, RunResult
+from rocm_yolo.supervisor.stall import Startup
+from rocm_yolo.supervisor.states import RUN_EXIT, RunResult
 from rocm_yolo.supervisor.trainer_process import Child, TrainerProcess
+from rocm_yolo.supervisor.watch import AttemptEnd, Watch
+from rocm_yolo.supervisor.watch import where as watch_where
 from rocm_yolo.supervisor.worklost import WorkLost
 from rocm_yolo.ultralytics_rules.checkpoint import summary
 
@@ -84,7 +85,6 @@ class Supervisor:
         self.result = RunResult(state=State.RUNNING, exit_code=errors.FAILED, run_dir=spec.run_dir, node=spec.node)
         self.started_wall = time.time()
         self._recovering_since: float | None = None
-        self._failed_at = 0.0  # when the last attempt was found stalled or crashed (clock)
         self._state_error = False
         self.work = WorkLost()
         self.reporter = Reporter(spec.paths, config, self.log, clock)
@@ -93,9 +93,8 @@ class Supervisor:
         self.failures: list[Failure] = []  # this run's, diagnosed (a resumed run's earlier ones are history)
         self.decision: remedies.Decision | None = None  # what to do about the newest failure
         self.remedy_env: dict = {}  # variables a remedy gave the attempts after it (NCCL_P2P_DISABLE=1)
-        self._detected: dict = {}  # the newest failure as noticed: when, where, the exit code, the stderr
-        self._attempt_began = time.time()
         self._failed_pids: list[int] = []
+        self.startup = Startup()  # the run's own start-up, measured: a restart's allowance
         previous = read_state(spec.paths) if user_resume else None
         self._earlier_failures = list(previous.failures) if previous else []  # kept in supervisor.json
         if previous:  # a resumed run keeps its history of hangs and restarts
@@ -146,7 +145,7 @@ class Supervisor:
 
     def _attempt(self, spec: RunSpec) -> tuple[State, str]:
         """Start one child and watch it to its end: (how the attempt ended, what to say if it failed)."""
-        self._attempt_began = time.time()  # the kernel log's lines from here on are this attempt's
+        began = time.time()  # the kernel log's lines from here on are this attempt's
         try:
             child = self.child_factory(spec, self.config)
         except OSError as e:  # the spec could not be written (disk full, read-only) or no process
@@ -157,25 +156,22 @@ class Supervisor:
             self.reporter.event("started", None, attempt=spec.attempt, profile=spec.profile, say=False, pid=child.pid)
         pids: list[int] = []
         try:
-            outcome, info = self._watch(child, spec)
-            if outcome in (State.STALLED, State.CRASHED):
+            end = self._watch(child, spec)
+            if end.state in (State.STALLED, State.CRASHED):
                 pids = child.pids()  # before the kill: the KFD lists them until the GPU lets them go
+            if end.state == State.STALLED:
+                self._hung(end, child)
         finally:
             left = child.kill()  # the tree goes on every path: done, stalled, crashed, interrupted
             if left:
                 self.log.event(
                     "leftover", f"processes still alive after SIGKILL (stuck in the kernel?): {left}", pids=left
                 )
-        if outcome in (State.STALLED, State.CRASHED):
-            failure = self._diagnose(child, spec, outcome, pids)
-            cut = self.work.failed(
-                "hang" if outcome == State.STALLED else "crash",
-                self._failed_at,
-                self.result.hangs[-1].stalled_seconds if outcome == State.STALLED else 0.0,
-                failure=failure.cls,
-            )
+        if end.state in (State.STALLED, State.CRASHED):
+            failure = self._diagnose(child, spec, end, pids, began)
+            cut = self.work.failed(end.state == State.STALLED and "hang" or "crash", end.at, end.stalled, failure.cls)
             self._retrained(cut)
-        return outcome, info
+        return end.state, end.info
 
     def _ended(self, outcome: State, spec: RunSpec) -> RunResult | None:
         """The run's result when ``outcome`` ends the run; None when it calls for a restart."""
@@ -248,97 +244,63 @@ class Supervisor:
                 f"rocm-yolo train --resume {spec.paths.last}"
             )
 
-    def _watch(self, child: Child, spec: RunSpec) -> tuple[State, str]:
-        detector = StallDetector(self.config, self.clock())
-        state = State.STARTING
-        hb: Heartbeat | None = None  # the newest heartbeat of this attempt
-        while True:
-            if self.interrupted is not None:
-                return State.INTERRUPTED, ""
-            if self.signals.suspend_requested:
-                self.signals.suspend(child, detector, self.log, self.clock)
-            rc = child.poll()
-            now = self.clock()
-            # every heartbeat, and before acting on an exit: the first trained batch tells where a resume started,
-            # and an attempt may train its first batch and finish (or crash) between two polls
-            for beat in child.heartbeats():
-                progress = detector.observe(beat, now)  # any rank's progress is the run's
-                if not beat.lead:  # (local) rank 0 speaks for the run: where it is, what a restart trains again
-                    continue
-                hb = beat
-                if progress:
-                    self._retrained(self.work.observe(hb))
-                    if state == State.STARTING and hb.batches_total > 0:
-                        state = State.HEALTHY
-                        self._note_recovered(now, spec, child.pid, hb)
-            detector.observe_exits(child.exits, child.rank_count, now)  # the ranks said they end: their tree goes
-            if rc is not None:
-                if rc in EXIT_STATES:
-                    return EXIT_STATES[rc], ""
-                self._failed_at = now
-                self._detected = {"time": time.time(), "exit_code": rc, "hb": hb, "stderr": child.stderr_tail()}
-                how = f"code {rc}" + (f" ({signal_name(-rc)})" if rc < 0 else "")
-                self.log.info(f"training process exited with {how} (attempt {spec.attempt})")
-                return State.CRASHED, f"training process exited with code {rc}"
-            if self.config.enabled and detector.stalled(now):
-                if detector.ending == FINISHED:  # what is left is no training: the run is done
-                    self.log.info(lingering(detector.stalled_for(now)))
-                    return State.SUCCEEDED, ""
-                return State.STALLED, self._on_stall(child, spec, detector, hb, now)
-            self.reporter.tick(hb)
-            self.sleep(self.config.poll_interval)
+    def _watch(self, child: Child, spec: RunSpec) -> AttemptEnd:
+        def progress(hb: Heartbeat, now: float, first: bool) -> None:
+            self._retrained(self.work.observe(hb))
+            if first:
+                self._note_recovered(now, spec, child.pid, hb)
 
-    def _on_stall(self, child: Child, spec: RunSpec, detector: StallDetector, hb: Heartbeat | None, now: float) -> str:
-        where = f"epoch {hb.epoch}/{hb.epochs}, {hb.phase} batch {hb.batch}/{hb.batches}" if hb else "during start-up"
-        where += ranks_heard(child.ranks) + ending_note(detector, child.exits)
-        stalled = detector.stalled_for(now)
-        self._detected = {"time": time.time(), "hb": hb, "seconds": round(stalled, 1)}
-        self.log.info(f"no progress for {stalled:.0f} s (timeout {detector.timeout():.0f} s) at {where}: hang")
-        out = spec.paths.hang_stacks(spec.attempt)  # attempts count on across resumes
-        try:
-            path = child.dump_stacks(out)
-            self.log.event("stacks", f"stacks of the trainer and its workers written to {path}", path=str(path))
-        except Exception as e:  # a dump must never block recovery
-            path = None
-            self.log.event("stacks", f"could not dump stacks: {e}")
+        return Watch(
+            child,
+            spec,
+            self.config,
+            clock=self.clock,
+            sleep=self.sleep,
+            signals=self.signals,
+            log=self.log,
+            tick=self.reporter.tick,
+            startup=self.startup,
+            on_progress=progress,
+        ).run()
+
+    def _hung(self, end: AttemptEnd, child: Child) -> None:
+        """A hang, noticed and its stacks written: record it, say the tree goes."""
+        hb = end.hb
         self.result.hangs.append(
             Hang(
                 epoch=hb.epoch if hb else None,
                 batch=hb.batch if hb else None,
                 phase=hb.phase if hb else None,
-                stalled_seconds=round(stalled, 1),
-                stacks=str(path) if path else None,
-                detected=time.time(),
+                stalled_seconds=end.stalled,
+                stacks=str(end.stacks) if end.stacks else None,
+                detected=end.detected,
             )
         )
-        self.result.lost_seconds += stalled
-        self._recovering_since = self._failed_at = now
+        self.result.lost_seconds += end.stalled
+        self._recovering_since = end.at
         self.log.event("kill", f"stopping the training process tree (pid {child.pid})", pid=child.pid)
-        return f"hang at {where}"
 
     # the cause, and its remedy --------------------------------------------------------------
-    def _diagnose(self, child: Child, spec: RunSpec, outcome: State, pids: list[int]) -> Failure:
+    def _diagnose(self, child: Child, spec: RunSpec, end: AttemptEnd, pids: list[int], began: float) -> Failure:
         """What the failure was (the evidence, its class, the report), and what to do about it (``self.decision``)."""
-        detected, hang = self._detected, outcome == State.STALLED
-        hb = detected.get("hb")
-        stderr = detected["stderr"] if "stderr" in detected else child.stderr_tail()
+        hang, hb = end.state == State.STALLED, end.hb
         report = spec.paths.hang_stacks(spec.attempt) if hang else spec.paths.crash(spec.attempt)
         self._failed_pids = sorted(set(pids) | {child.pid})
         found = evidence.gather(
             spec,
             "hang" if hang else "crash",
-            exit_code=detected.get("exit_code"),
-            stderr=stderr,
+            exit_code=end.exit_code,
+            stderr=end.stderr,
             stacks=report if hang and report.is_file() else None,
             kernel_path=self.config.kernel_log,
-            window=(self._attempt_began, time.time()),
+            window=(began, time.time()),
             pids=set(self._failed_pids),
             gpus=self.machine.gpus,
         )
         diagnosis = diagnose(found)
-        where = evidence.where(hb)
+        where = watch_where(hb)
         written = evidence.write_report(report, diagnosis, found, where)
-        failure = evidence.failure(spec.attempt, found.failure, diagnosis, hb, detected.get("time"), written)
+        failure = evidence.failure(spec.attempt, found.failure, diagnosis, hb, end.detected, written)
         context = evidence.context(spec, self.machine, diagnosis, found)
         self.decision = remedies.decide(failure, diagnosis, self.failures, context)
         failure.remedy = self.decision.action
@@ -350,15 +312,16 @@ class Supervisor:
             f"{diagnosis.title} at {where} (attempt {spec.attempt})" + (f"; details in {written}" if written else ""),
             attempt=spec.attempt,
             profile=spec.profile,
-            time=failure.detected,
+            detected=failure.detected,  # its "time" is when it is said: events.jsonl stays in time order
             epoch=failure.epoch,
             batch=failure.batch,
             cls=diagnosis.cls,
-            exit_code=detected.get("exit_code"),
+            exit_code=end.exit_code,
             phase=failure.phase,
-            seconds=detected.get("seconds"),
-            code=detected.get("exit_code"),
+            seconds=end.stalled if hang else None,
+            code=end.exit_code,
             signature=diagnosis.signature,
+            weak=diagnosis.weak,
         )
         return failure
 

@@ -2,10 +2,10 @@
 
 The events of a run are ``started``, ``hang``, ``crash``, ``restart``, ``finished``, ``failed`` and ``stopped``
 (:data:`EVENTS`). Each is one object with ``event``, ``run`` (the run directory, absolute), ``attempt``,
-``profile`` and ``time``, and where known ``epoch``, ``batch``, ``class`` (:mod:`.diagnosis`), ``message`` and
-``exit_code``. :class:`Reporter` writes it as a JSON line into ``RUN/rocm_yolo/events.jsonl`` (with the run log's
-other events), and, when the user gave ``--notify CMD`` (or ``ROCM_YOLO_NOTIFY``), runs CMD through the shell with
-the object on its standard input, one event after another in order: detached and bounded
+``profile`` and ``time``, and where known ``epoch``, ``batch``, ``class`` (:mod:`rocm_yolo.diagnosis.diagnose`),
+``message`` and ``exit_code``. :class:`Reporter` writes it as a JSON line into ``RUN/rocm_yolo/events.jsonl`` (with
+the run log's other events), and, when the user gave ``--notify CMD`` (or ``ROCM_YOLO_NOTIFY``), runs CMD through
+the shell with the object on its standard input, one event after another in order: detached and bounded
 (:class:`rocm_yolo.process.background.BackgroundCommands`),
 so a command that fails, hangs or does not exist never delays or breaks the run, and is said once in the log.
 The last event gets a few seconds to be delivered; then every command still running is killed.

@@ -6,7 +6,7 @@ import time
 from collections import deque
 
 from rocm_yolo.errors import OK
-from rocm_yolo.run.heartbeat import Heartbeat
+from rocm_yolo.run.heartbeat import FIRST_BATCH, Heartbeat
 from rocm_yolo.supervisor.config import WatchdogConfig
 
 # On several GPUs, once a rank has said it ends (its exit line), the attempt is ending; how long its
@@ -30,8 +30,10 @@ class StallDetector:
     hang within :data:`STOP_GRACE` or :data:`FINISH_GRACE`.
     """
 
-    def __init__(self, config: WatchdogConfig, now: float, window: int = 30):
+    def __init__(self, config: WatchdogConfig, now: float, window: int = 30, startup: float | None = None):
         self.config = config
+        self.startup = config.startup_grace if startup is None else startup
+        self.startup_step = ""  # what the attempt does before its first trained batch (Heartbeat.startup)
         self.last_progress = now
         self.last_seq: int | None = None
         self.trained = False
@@ -47,6 +49,7 @@ class StallDetector:
         self.last_progress = now
         if hb.batches_total > 0:
             self.trained = True
+        self.startup_step = "" if self.trained else hb.startup
         if hb.step_max > 0:
             self.steps.append(hb.step_max)
         return True
@@ -67,8 +70,8 @@ class StallDetector:
 
     def timeout(self) -> float:
         t = max(self.config.stall_timeout, self.config.step_multiplier * max(self.steps, default=0.0))
-        if not self.trained:
-            t = max(t, self.config.startup_grace)
+        if not self.trained and self.startup_step != FIRST_BATCH:
+            t = max(t, self.startup)
         if self.ending is not None:
             t = max(t, FINISH_GRACE if self.ending == FINISHED else STOP_GRACE)
         return t
@@ -78,6 +81,27 @@ class StallDetector:
 
     def stalled(self, now: float) -> bool:
         return self.stalled_for(now) > self.timeout()
+
+
+class Startup:
+    """How long the run took to start training: the first attempt that trained, from its child's start to its first
+    trained batch. A restart meets the same slow steps (or fewer: the labels are cached, the GPU kernels tuned), so
+    its start-up allowance is ``restart_startup_factor`` times that, within the stall timeout and the startup grace,
+    instead of the startup grace meant for a first start nobody has measured."""
+
+    def __init__(self) -> None:
+        self.seconds: float | None = None
+
+    def observe(self, hb: Heartbeat, since_start: float) -> None:
+        """A heartbeat ``since_start`` seconds after its attempt's child started."""
+        if self.seconds is None and hb.batches_total > 0:
+            self.seconds = since_start
+
+    def allowance(self, config: WatchdogConfig) -> float | None:
+        """A restart's start-up allowance; None (the startup grace) until a first start-up was measured."""
+        if self.seconds is None:
+            return None
+        return min(config.startup_grace, max(config.stall_timeout, config.restart_startup_factor * self.seconds))
 
 
 def ranks_heard(ranks: dict) -> str:

@@ -57,7 +57,7 @@ class RunResult:
     wall_seconds: float = 0.0
     recoveries: list = field(default_factory=list)  # [Recovery], one per restart (supervisor.worklost)
     detail: str | None = None  # what else the end says (e.g. "the final validation was interrupted")
-    failures: list = field(default_factory=list)  # [Failure], each diagnosed (supervisor.diagnosis)
+    failures: list = field(default_factory=list)  # [Failure], each diagnosed (diagnosis.diagnose)
     verdict: list | None = None  # why the run stopped without retrying, and the known fixes
     node: int | None = None  # on more than one machine: the node this supervisor ran (its log is its own)
 

@@ -46,8 +46,12 @@ class Child(Protocol):
     def pids(self) -> list[int]:
         """The pids of its whole tree now (before a kill: the KFD lists them until the GPU lets them go)."""
 
-    def stderr_tail(self) -> str:
-        """The newest part of what its tree wrote to stderr (copied to the terminal already)."""
+    def stderr_mark(self, at: float) -> int:
+        """Where its stderr stood at wall-clock time ``at`` (:meth:`stderr_tail` splits there)."""
+
+    def stderr_tail(self, since: int | None = None) -> tuple[str, str]:
+        """The newest part of what its tree wrote to stderr (copied to the terminal already), split at the mark
+        ``since``: (what came before it, what came after); all of it after for None."""
 
     def kill(self) -> list[int]:
         """Stop its whole tree; the pids still alive after SIGKILL."""
@@ -165,9 +169,12 @@ class TrainerProcess:
     def pids(self) -> list[int]:
         return [p.pid for p in tree.members(self.pid)]
 
-    def stderr_tail(self) -> str:
+    def stderr_mark(self, at: float) -> int:
+        return self.stderr.mark(at)
+
+    def stderr_tail(self, since: int | None = None) -> tuple[str, str]:
         self.stderr.drain()
-        return self.stderr.tail()
+        return self.stderr.tail(since)
 
     def kill(self) -> list[int]:
         left = tree.kill(self.pid, self.config.term_timeout, self.config.kill_timeout)

@@ -29,7 +29,7 @@ class _Failure:  # an attempt that failed, until the next one trains its first b
     batches: int
     detect_seconds: float
     failed_at: float
-    failure: str | None = None  # its class (supervisor.diagnosis)
+    failure: str | None = None  # its class (diagnosis.diagnose)
 
 
 class WorkLost:

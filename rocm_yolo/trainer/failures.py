@@ -84,9 +84,10 @@ def name_dead_worker(error: BaseException, loaders: list) -> BaseException:
     return named
 
 
-def report_training_failure(spec: RunSpec, log: RunLog, error: BaseException) -> int:
+def report_training_failure(spec: RunSpec, log: RunLog, error: BaseException, batch: int | None = None) -> int:
     """An error during training: a full or read-only disk stops the run, a rocm-yolo bug is
-    reported as one, anything else is a crash the supervisor restarts on a safer profile."""
+    reported as one, anything else is a crash the supervisor restarts on a safer profile (``batch``: the batch size
+    the trainer had then, which the supervisor's out-of-memory advice starts from)."""
     if triage.is_disk_error(error):
         _drop_truncated(spec, log)  # frees the space they hold for the reports that follow
         return _say_setup_error(spec, log, error, triage.classify(error).line)
@@ -99,5 +100,6 @@ def report_training_failure(spec: RunSpec, log: RunLog, error: BaseException) ->
         f"training error: {first}" + (f" (traceback in {path})" if path else ""),
         path=str(path) if path else None,
         error=first,
+        batch=batch if isinstance(batch, int) and not isinstance(batch, bool) else None,
     )
     return errors.FAILED

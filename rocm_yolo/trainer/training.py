@@ -105,7 +105,10 @@ def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
             getattr(getattr(trainer, "validator", None), "dataloader", None),
         )
         return failures.report_training_failure(
-            spec, log, failures.name_dead_worker(e, [x for x in loaders if x is not None])
+            spec,
+            log,
+            failures.name_dead_worker(e, [x for x in loaders if x is not None]),
+            batch=getattr(trainer, "batch_size", None),  # Ultralytics may have halved it after out-of-memory errors
         )
     log.event("finished", seconds=round(time.time() - started, 2))
     return OK

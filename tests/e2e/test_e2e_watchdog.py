@@ -180,8 +180,7 @@ FAULTY = [*TINY, "--epochs", "1", "--stall-timeout", str(STALL), "--startup-grac
 
 def test_a_gpu_fault_restarts_on_the_same_profile_and_the_second_ends_with_exit_4(cli, tiny_data, tmp_path):
     run = tmp_path / "runs" / "detect" / "train"
-    kernel = with_kernel_log(cli, tmp_path)
-    kernel.write_text(kernel_line("amdgpu 0000:03:00.0: amdgpu: [gfxhub] page fault (src_id:0 ring:24 vmid:6)"))
+    with_kernel_log(cli, tmp_path)
     r = cli.run(
         "train", str(tiny_data), *FAULTY, "--workers", "1",
         env={"ROCM_YOLO_FAULT": "gpu-fault@1:2,gpu-fault@1:2"},
@@ -201,7 +200,8 @@ def test_a_gpu_fault_restarts_on_the_same_profile_and_the_second_ends_with_exit_
     assert any("ROCm/ROCm#5051" in line for line in lines)  # a known issue, with its source
     assert [e["class"] for e in events(run, "crash")] == ["gpu-fault", "gpu-fault"]
     report = (run / "crash-1.txt").read_text()
-    assert "class: gpu-fault" in report and "[gfxhub] page fault" in report and fault in report
+    decided = report.split("evidence (the failure's own output):", 1)[1].split("why:", 1)[0]
+    assert "class: gpu-fault" in report and fault in decided  # the runtime's line decided it, as the failure's own
     assert fault in RunPaths(run).child_stderr(1).read_text()
     assert cli.leftovers() == []
 

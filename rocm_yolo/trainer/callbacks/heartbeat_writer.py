@@ -16,7 +16,7 @@ from typing import Callable
 
 from rocm_yolo import environment
 from rocm_yolo.run.atomic import write_atomic
-from rocm_yolo.run.heartbeat import MIN_INTERVAL, position_line
+from rocm_yolo.run.heartbeat import DATA, FIRST_BATCH, FIRST_STEP, MIN_INTERVAL, position_line
 
 
 class HeartbeatWriter:
@@ -52,6 +52,7 @@ class HeartbeatWriter:
             "started": time.time(),
             "rank": rank,
             "local_rank": local_rank,
+            "startup": "",
         }
         self.step_max = 0.0
         self.step_last = 0.0
@@ -122,12 +123,26 @@ class HeartbeatWriter:
         if train and dt > 0:
             self.it_s = 1.0 / dt if self.it_s == 0 else 0.9 * self.it_s + 0.1 / dt
 
+    def _starting(self, step: str) -> None:
+        """Before the attempt's first trained batch: it moved on to ``step`` (the watchdog's allowance follows)."""
+        if self.state["batches_total"] == 0 and self.state["startup"] != step:
+            self.state["startup"] = step
+            self.write(force=True)
+
     # Ultralytics callbacks -------------------------------------------------------------
+    def on_pretrain_routine_start(self, trainer) -> None:
+        self._starting(DATA)
+
     def on_train_epoch_start(self, trainer) -> None:
         self.state.update(epoch=trainer.epoch + 1, epochs=trainer.epochs, batch=0, batches=len(trainer.train_loader))
+        if self.state["batches_total"] == 0:  # the loader is iterated next: waiting for it is no start-up
+            self.state["startup"] = FIRST_BATCH
         self.last_step = self.clock()
         self.pass_start = True
         self.write("train", force=True)
+
+    def on_train_batch_start(self, trainer) -> None:
+        self._starting(FIRST_STEP)  # the first batch came: its step may tune GPU kernels for minutes
 
     def resumed_at(self, batch: int) -> None:
         """The epoch continues after ``batch`` batches trained before a restart (a mid-epoch checkpoint)."""
@@ -139,6 +154,7 @@ class HeartbeatWriter:
         self._step()
         self.state["batch"] += 1
         self.state["batches_total"] += 1
+        self.state["startup"] = ""
         if not self.write("train", force=first) and self.positions:  # an epoch's first batch is always written
             # between records: the finished batch still reaches the supervisor, in a few bytes down the pipe
             # (where a hang stops and how much a restart trains again are then exact)

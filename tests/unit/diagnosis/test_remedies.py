@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rocm_yolo import errors
+from rocm_yolo.diagnosis import remedies
+from rocm_yolo.diagnosis.record import Diagnosis
+from rocm_yolo.diagnosis.remedies import LADDER, P2P_OFF, SAME, STOP, Context, decide, smaller_batch
 from rocm_yolo.run.supervisor_state import Failure
-from rocm_yolo.supervisor import remedies
-from rocm_yolo.supervisor.diagnosis import Diagnosis
-from rocm_yolo.supervisor.remedies import LADDER, P2P_OFF, SAME, STOP, Context, decide, smaller_batch
 
 
-def failure(attempt: int, cls: str, *, signature: str | None = None, epoch=2, batch=3, remedy=None) -> Failure:
+def failure(
+    attempt: int, cls: str, *, signature: str | None = None, epoch=2, batch=3, remedy=None, weak=False
+) -> Failure:
     return Failure(
         attempt=attempt,
         kind="crash",
@@ -21,11 +25,12 @@ def failure(attempt: int, cls: str, *, signature: str | None = None, epoch=2, ba
         phase="train",
         detected=0.0,
         remedy=remedy,
+        weak=weak,
     )
 
 
-def diagnosis(cls: str, **detail) -> Diagnosis:
-    return Diagnosis(cls, cls, f"{cls}: x", (), detail)
+def diagnosis(cls: str, weak: bool = False, **detail) -> Diagnosis:
+    return Diagnosis(cls, cls, "" if weak else f"{cls}: x", (), detail, weak)
 
 
 def test_each_class_gets_its_remedy_the_first_time():
@@ -39,6 +44,7 @@ def test_each_class_gets_its_remedy_the_first_time():
         "data-error": SAME,
         "collective": P2P_OFF,
         "gpu-oom": STOP,
+        "environment": STOP,
     }
     for cls, action in expected.items():
         assert decide(failure(1, cls), diagnosis(cls), [], Context(batch=16, imgsz=640)).action == action, cls
@@ -109,3 +115,33 @@ def test_gpu_out_of_memory_stops_at_once_with_a_smaller_batch():
     assert smaller_batch(1, 1, sizes, None) is None
     auto = decide(failure(1, "gpu-oom"), diagnosis("gpu-oom"), [], Context(batch=-1, imgsz=640))
     assert auto.reason.endswith("give a fixed, smaller --batch")
+
+
+def test_the_software_that_cannot_run_on_the_card_stops_at_once_with_the_fix_for_that_card():
+    found = decide(failure(1, "environment"), diagnosis("environment"), [], Context(archs=("gfx1010",), env={}))
+    assert found.stops and found.exit_code == errors.SETUP == 4
+    text = "\n".join(found.verdict)
+    assert "torch[device-gfx1010]" in text and "HSA_OVERRIDE_GFX_VERSION=10.1.0" in text and "rocm-yolo doctor" in text
+    miopen = remedies.verdict(diagnosis("environment", word="MIOpen cannot build its kernels"), Context(amp=True))
+    assert any("--conv gemm" in line for line in miopen) and any("amp=False" in line for line in miopen)
+    assert not any("amp=False" in line for line in remedies.verdict(diagnosis("environment"), Context(amp=False)))
+
+
+def test_a_diagnosis_from_context_alone_retries_and_never_counts_toward_a_stop():
+    for cls, action in (("gpu-oom", SAME), ("environment", SAME), ("gpu-fault", SAME), ("host-oom", LADDER)):
+        assert decide(failure(1, cls, weak=True), diagnosis(cls, weak=True), [], Context()).action == action, cls
+    weak_first = failure(1, "gpu-fault", remedy=SAME, weak=True)
+    assert decide(failure(2, "gpu-fault"), diagnosis("gpu-fault"), [weak_first], Context()).action == SAME
+    # a signal with no word has no signature: the same place twice is no "same failure"
+    silent = replace(failure(1, "unknown", remedy=LADDER), signature="")
+    again = replace(silent, attempt=2, remedy=None)
+    assert decide(again, Diagnosis("unknown", "killed", ""), [silent], Context()).action == LADDER
+
+
+def test_the_oom_advice_starts_from_the_batch_that_failed_not_the_one_asked_for():
+    from rocm_yolo.diagnosis import evidence
+
+    halved = Context(batch=2, imgsz=640)  # Ultralytics halved 16 to 2 before it gave up (evidence.failed_batch)
+    found = decide(failure(1, "gpu-oom"), diagnosis("gpu-oom"), [], halved)
+    assert "at batch 2" in found.reason and "--batch 1 " in found.reason
+    assert evidence.failed_batch.__doc__  # the batch comes from the trainer's own crash event

@@ -125,3 +125,22 @@ def test_torch_view_is_safe_on_cpu():
     assert view["torch"] == torch.__version__ and view["hip"] == torch.version.hip
     if not torch.cuda.is_available():
         assert view["available"] is False and view["devices"] == []
+
+
+def test_the_pci_address_of_a_card_as_the_kernel_log_names_it(tmp_path):
+    props = gpu_node(100100).replace("location_id 768", "location_id 3080\ndomain 1")  # bus 0x0c, device 1, fn 0
+    [gpu] = detect_gpus(make_tree(tmp_path, {0: (CPU_NODE, None), 1: (props, None)}))
+    assert gpu.pci_address == "0001:0c:01.0"
+    [plain] = detect_gpus(make_tree(tmp_path / "b", {1: (gpu_node(100100), None)}))  # location 768: bus 3, no domain
+    assert plain.pci_address == "0000:03:00.0"
+
+
+def test_the_cards_a_device_list_uses_through_the_visibility_variables():
+    from rocm_yolo.gpu.count import used_gpus
+
+    cards = [GpuNode(node=n, gfx_target_version=110000, arch="gfx1100", location_id=n << 8) for n in (1, 2, 3)]
+    assert used_gpus(cards, None) == []  # the CPU
+    assert used_gpus(cards, [], env={}) == [cards[0]]  # Ultralytics' default: GPU 0
+    assert used_gpus(cards, ["1"], env={"ROCR_VISIBLE_DEVICES": "2,0"}) == [cards[0]]  # the second one shown
+    assert used_gpus(cards, ["0"], env={"ROCR_VISIBLE_DEVICES": "1,2", "HIP_VISIBLE_DEVICES": "1"}) == [cards[2]]
+    assert used_gpus(cards, ["0"], env={"ROCR_VISIBLE_DEVICES": "GPU-abc"}) == cards  # a UUID: any of them

@@ -57,7 +57,8 @@ def test_the_childs_stderr_is_copied_as_it_comes_kept_in_a_bounded_file_and_its_
     os.close(write_end)
     proc.wait(timeout=60)
     tee.drain()
-    assert tee.tail().endswith("last words\n") and len(tee.tail()) <= 100
+    earlier, after = tee.tail()
+    assert earlier == "" and after.endswith("last words\n") and len(after) <= 100
     tee.done.wait(10)
     os.close(out_w)
     with os.fdopen(out_r, "rb") as f:
@@ -97,3 +98,25 @@ def test_the_childs_stderr_reaches_the_terminal_in_whole_lines(tmp_path):
     tee.done.wait(10)
     os.close(out_w)
     os.close(out_r)
+
+
+def test_the_tail_splits_at_a_mark_what_came_before_from_what_came_after():
+    read_end, write_end = os.pipe()
+    tee = Tee(read_end, None, None, tail=80)
+    before_all = time.time()
+    time.sleep(0.01)
+    os.write(write_end, b"handled: HIP error: invalid device function\n")
+    tee.drain()
+    progress = time.time()  # the child's heartbeat, written after the line above
+    time.sleep(0.01)
+    os.write(write_end, b"the failure's own words\n")
+    tee.drain()
+    mark = tee.mark(progress)  # the mark is where the copy stood when the heartbeat was written, not when it is read
+    assert tee.tail(mark) == ("handled: HIP error: invalid device function\n", "the failure's own words\n")
+    assert tee.tail(tee.mark(before_all))[0] == ""  # a progress before any line: all of it is the failure's
+    os.write(write_end, b"y" * 100 + b"\n")  # the tail keeps 80 bytes: the mark is older than all of them
+    tee.drain()
+    earlier, after = tee.tail(mark)
+    assert earlier == "" and after == "y" * 79 + "\n"
+    os.close(write_end)
+    tee.done.wait(10)

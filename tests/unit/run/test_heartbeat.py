@@ -38,6 +38,26 @@ def test_a_heartbeat_file_that_cannot_be_written_is_said_once_and_still_heard(tm
     reader.close()
 
 
+def test_start_up_is_reported_step_by_step_until_the_first_trained_batch(tmp_path):
+    from rocm_yolo.trainer.callbacks.heartbeat_writer import HeartbeatWriter
+
+    read_end, write_end = os.pipe()
+    writer = HeartbeatWriter(tmp_path / "heartbeat.json", pipe_fd=write_end, clock=lambda: 0.0)
+    reader = PipeReader(read_end)
+    trainer = type("T", (), {"epoch": 0, "epochs": 1, "train_loader": [None] * 3})()
+    writer.on_pretrain_routine_start(trainer)  # the data set checked and cached, the model and loaders built
+    writer.on_train_epoch_start(trainer)  # the loader iterated for its first batch
+    writer.on_train_batch_start(trainer)  # the batch came: the first step
+    writer.on_train_batch_end(trainer)
+    writer.on_train_batch_start(trainer)  # later batches say nothing of start-up
+    writer.on_train_epoch_start(trainer)
+    beats = reader.read()
+    assert [hb.startup for hb in beats] == ["", heartbeat.DATA, heartbeat.FIRST_BATCH, heartbeat.FIRST_STEP, "", ""]
+    assert set(heartbeat.STEPS) == {"", heartbeat.DATA, heartbeat.FIRST_BATCH, heartbeat.FIRST_STEP}
+    os.close(write_end)
+    reader.close()
+
+
 RECORD = {
     "seq": 3,
     "pid": 41,

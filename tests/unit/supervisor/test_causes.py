@@ -9,12 +9,12 @@ from pathlib import Path
 
 from fakes import Clock, ScriptedChild, beat, supervise
 from rocm_yolo import errors
+from rocm_yolo.diagnosis.evidence import Machine
 from rocm_yolo.gpu.release import Release
 from rocm_yolo.run.profiles import resolve
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.run.supervisor_state import read_state
 from rocm_yolo.supervisor.config import WatchdogConfig
-from rocm_yolo.supervisor.evidence import Machine
 
 CONFIG = WatchdogConfig(stall_timeout=60, startup_grace=300, max_restarts=3, poll_interval=1)
 HSA = (
@@ -140,8 +140,8 @@ def test_the_notify_command_hears_each_event_in_order_and_none_outlives_the_run(
 
 
 def test_the_traceback_read_on_several_gpus_is_the_one_of_the_rank_that_failed_first(tmp_path):
+    from rocm_yolo.diagnosis.evidence import launcher_report, tracebacks
     from rocm_yolo.run.paths import RunPaths
-    from rocm_yolo.supervisor.evidence import launcher_report, tracebacks
 
     paths = RunPaths(tmp_path)
     paths.crash(1).write_text("RuntimeError: Connection closed by peer\n")  # rank 0's, a consequence

@@ -62,6 +62,34 @@ def test_startup_grace_before_the_first_batch(spec):
     assert result.exit_code == errors.OK and result.hangs == []
 
 
+def test_a_loader_that_never_gives_the_first_batch_is_a_hang_after_the_stall_timeout_not_the_grace(spec):
+    """The seeds' "0/N": start-up is done, the loader is iterated for its first batch, and nothing comes."""
+    clock = Clock()
+    waits = ScriptedChild(
+        clock,
+        {5: beat(1, startup="data", batch=0, batches_total=0, phase="setup", epoch=0),
+         10: beat(2, startup="first-batch", batch=0, batches_total=0)},
+    )  # fmt: skip
+    tuned = ScriptedChild(  # the first batch came: its step may tune GPU kernels for minutes (the grace)
+        clock, {5: beat(1, startup="first-step", batch=0, batches_total=0), 250: beat(2)}, exit_at=255
+    )
+    result, made = supervise(spec, [waits, tuned], clock)
+    assert result.exit_code == errors.OK and len(made) == 2
+    [hang] = result.hangs
+    assert hang.stalled_seconds <= CONFIG.stall_timeout + 2  # 60 s, not the 300 s grace
+
+
+def test_a_restarts_start_up_allowance_comes_from_the_runs_own_first_start_up(spec):
+    clock = Clock()
+    first = ScriptedChild(clock, {20: beat(1)}, exit_at=30, code=1)  # trained its first batch 20 s after it started
+    silent = ScriptedChild(clock, {2: beat(1, phase="setup", epoch=0, batch=0, batches_total=0)})  # then nothing
+    result, made = supervise(spec, [first, silent, steady(clock, 60, 1)], clock)
+    assert result.exit_code == errors.OK and len(made) == 3
+    [hang] = result.hangs
+    assert hang.stalled_seconds <= 61  # 3 x 20 s = 60 s (at least the 60 s floor), not the 300 s grace
+    assert stall.Startup().allowance(CONFIG) is None  # nothing measured yet: the grace
+
+
 def test_a_hang_is_detected_dumped_killed_and_resumed_on_the_next_profile(spec):
     clock = Clock()
     weights = Path(spec.run_dir) / "weights"

@@ -1,0 +1,11 @@
+"""What failed a training attempt, and what to do about it: the watchdog's diagnosis (policy, pure, torch-free).
+
+- :mod:`.vocabulary`: the runtimes' own words (HIP, HSA/ROCclr, MIOpen, rocBLAS, NCCL/RCCL, PyTorch, Linux), each
+  with its source and the class it means;
+- :mod:`.record`: the ``Evidence`` of one failure and the ``Diagnosis`` read from it;
+- :mod:`.diagnose`: ``diagnose``, the class from the failure's own evidence (context only weakly), its signature;
+- :mod:`.hangs`: where a hung run is stuck, from its stacks;
+- :mod:`.evidence`: the mechanism that gathers the evidence (stderr, traceback, stacks, the kernel log's lines of the
+  attempt's processes and cards), the failure's report, and the machine;
+- :mod:`.remedies`: what to do about each class, and when to stop with a verdict.
+"""

@@ -1,0 +1,165 @@
+"""Where a hung run is stuck, read from its stacks (``RUN/hang-K-stacks.txt``, written by
+:func:`rocm_yolo.process.tree.dump_stacks`).
+
+The trainer (or a rank) waiting for a batch in the DataLoader is a loader hang; every rank waiting in a collective
+is a collective hang; on a GPU, the trainer stuck inside a torch operation (or py-spy's native frames in the HIP
+runtime) is a GPU hang; on several GPUs the rank stuck outside torch is the one the others wait for. Pure.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rocm_yolo.diagnosis.record import UNKNOWN, Diagnosis
+from rocm_yolo.diagnosis.vocabulary import COLLECTIVE, GPU_HANG, LOADER
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+ in (\S+)')
+_SECTION = re.compile(r"^===== pid (\d+) \((\w+), [^)]*\)", re.M)
+_STOPPED = re.compile(r"^===== pid (\d+) \((\w+), (?:stopped|tracing-stop)\)", re.M)  # psutil's status names
+_HIP_NATIVE = re.compile(r"\b(hip[A-Z]\w+|hsa_\w+|hsaKmt\w+)")  # py-spy --native: a thread in the HIP runtime
+_COLLECTIVES = re.compile(r"^(all_reduce|barrier|broadcast|all_gather\w*|reduce_scatter\w*|reduce|wait|backward)$")
+WHY = "the stacks of the hung processes (faulthandler, py-spy)"
+
+
+def sections(stacks: str) -> list[tuple[int, str, str]]:
+    """(pid, role, text) of each process of a stacks file (:func:`rocm_yolo.process.tree.dump_stacks`)."""
+    marks = list(_SECTION.finditer(stacks))
+    return [
+        (int(m[1]), m[2], stacks[m.end() : marks[i + 1].start() if i + 1 < len(marks) else len(stacks)])
+        for i, m in enumerate(marks)
+    ]
+
+
+def threads(text: str) -> list[list[tuple[str, str]]]:
+    """Each faulthandler thread block of ``text`` as its frames (file, function), innermost first."""
+    out: list[list[tuple[str, str]]] = []
+    for line in text.splitlines():
+        if re.match(r"^(Current thread|Thread) 0x", line):
+            out.append([])
+        elif out:
+            m = _FRAME.match(line)
+            if m:
+                out[-1].append((m[1], m[2]))
+    return [t for t in out if t]
+
+
+def main_thread(text: str) -> list[tuple[str, str]]:
+    """The main thread's frames (its outermost frame is not threading's ``_bootstrap``), innermost first."""
+    blocks = threads(text)
+    main = [t for t in blocks if t[-1][1] != "_bootstrap"]
+    return (main or blocks or [[]])[0]
+
+
+def _waits_for_data(frames) -> bool:
+    return any(
+        "torch/utils/data/" in f or f.endswith(("patches/threads.py", "patches/dataloader.py")) for f, _ in frames
+    )
+
+
+def _in_collective(frames) -> bool:
+    return any("torch/distributed/" in f or (_COLLECTIVES.match(fn) and "torch/" in f) for f, fn in frames)
+
+
+def _in_torch(frames) -> bool:
+    inner = [f for f, _ in frames[:3]]
+    return any("/torch/" in f and "torch/utils/data/" not in f for f in inner)
+
+
+def _py_spy(text: str) -> str:
+    """The main thread of a section's ``py-spy dump --native`` (where it ran), or ''."""
+    dump = text.split("--- py-spy dump --native", 1)[1] if "--- py-spy dump --native" in text else ""
+    return dump.split("\nThread ", 2)[1] if dump.count("\nThread ") else dump
+
+
+def where(frames) -> str:
+    return f"{frames[0][1]} ({frames[0][0].rsplit('/', 2)[-1]})" if frames else "no Python stack"
+
+
+def _d(cls: str, title: str, signature: str, evidence: tuple[str, ...]) -> Diagnosis:
+    return Diagnosis(cls, title, signature, evidence, why=WHY)
+
+
+def from_stacks(stacks: str, *, multi_gpu: bool, on_gpu: bool) -> Diagnosis | None:
+    """What the stacks of a hang say, or None when they name no place (none read, or stuck nowhere known)."""
+    stopped = _STOPPED.findall(stacks)
+    if stopped:  # SIGSTOP from outside (not the supervisor's Ctrl-Z, which pauses the watch): no failure of its own
+        named = ", ".join(f"{role} pid {pid}" for pid, role in stopped[:4])
+        title = f"hang: a process of the run was stopped by a signal (SIGSTOP or SIGTSTP from outside: {named})"
+        return Diagnosis(UNKNOWN, title, "", (title,), why="the processes' states when the stacks were read")
+    parts = sections(stacks)
+    trainers = [(pid, text) for pid, role, text in parts if role in ("trainer", "rank")]
+    ranks = [(pid, text) for pid, role, text in parts if role == "rank"]
+    mains = {pid: main_thread(text) for pid, text in (ranks or trainers)}
+    for pid, frames in mains.items():
+        if _waits_for_data(frames):
+            stuck = [f"pid {p}: {where(main_thread(t))}" for p, role, t in parts if role == "worker"]
+            return _d(
+                LOADER,
+                "DataLoader hang (the trainer waits for a batch that never comes)",
+                f"{LOADER}: hang in {frames[0][1]}",
+                (f"trainer pid {pid} waits in {where(frames)}", *(f"worker {s}" for s in stuck[:4])),
+            )
+    if multi_gpu and len(ranks) > 1 and all(_in_collective(f) for f in mains.values()):
+        return _d(
+            COLLECTIVE,
+            "collective hang between the GPUs (every rank waits in a collective)",
+            f"{COLLECTIVE}: hang",
+            tuple(f"rank pid {pid} waits in {where(f)}" for pid, f in mains.items()),
+        )
+    outside = [pid for pid, f in mains.items() if not _in_torch(f) and not _in_collective(f)]
+    if len(ranks) > 1 and 0 < len(outside) < len(mains):  # one rank stuck in Python: the others wait for it
+        return rank_stuck(mains)
+    stuck = {pid: f for pid, f in mains.items() if _in_torch(f)}
+    if on_gpu and stuck:
+        pid, frames = next(iter(stuck.items()))
+        return _d(
+            GPU_HANG,
+            f"main-process hang inside GPU work (in {frames[0][1]})",
+            f"{GPU_HANG}: stuck in {frames[0][1]}",
+            (f"trainer pid {pid} stuck in {where(frames)}",),
+        )
+    native = [(pid, m[0]) for pid, text in trainers for m in [_HIP_NATIVE.search(_py_spy(text))] if m]
+    if on_gpu and native:
+        pid, call = native[0]
+        return _d(
+            GPU_HANG, f"main-process hang inside GPU work (in {call})", f"{GPU_HANG}: stuck in {call}", (f"pid {pid}",)
+        )
+    if len(ranks) > 1:
+        return rank_stuck(mains)
+    return None
+
+
+_TRACE_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)', re.M)
+
+
+def from_traceback(text: str) -> Diagnosis | None:
+    """A hang with no stacks of its own, whose output holds the trainer's Python traceback (an interrupt's):
+    waiting in the DataLoader is a loader hang."""
+    frames = [(f, fn) for f, fn in _TRACE_FRAME.findall(text)][::-1]  # innermost first, as the stacks read
+    if frames and _waits_for_data(frames):
+        return _d(
+            LOADER,
+            "DataLoader hang (the trainer waits for a batch that never comes)",
+            f"{LOADER}: hang in {frames[0][1]}",
+            (f"the trainer waits in {where(frames)}",),
+        )
+    return None
+
+
+def rank_stuck(mains: dict) -> Diagnosis:
+    """On several GPUs: the rank stuck outside torch and its collectives is the one the others wait for."""
+    outside = ((p, f) for p, f in mains.items() if not _in_torch(f) and not _in_collective(f))
+    pid, frames = next(
+        outside, next(((p, f) for p, f in mains.items() if not _in_collective(f)), next(iter(mains.items())))
+    )
+    title = f"hang (rank pid {pid} in {where(frames)}; the other ranks wait for it)"
+    return _d(UNKNOWN, title, f"{UNKNOWN}: hang in {frames[0][1] if frames else '?'}", (title,))
+
+
+def nowhere(stacks: str) -> Diagnosis:
+    """A hang the stacks place nowhere known: where the trainer was, as a title."""
+    parts = sections(stacks)
+    mains = [main_thread(text) for _, role, text in parts if role in ("trainer", "rank")]
+    frames = mains[0] if mains else []
+    title = f"hang (the trainer in {where(frames)})"
+    return _d(UNKNOWN, title, f"{UNKNOWN}: hang in {frames[0][1]}" if frames else "", (title,))

@@ -1,0 +1,43 @@
+"""The diagnosis' records: the :class:`Evidence` of one failure, and the :class:`Diagnosis` read from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the supervisor read about one failure (:mod:`.evidence` gathers it)."""
+
+    failure: str  # "hang" or "crash"
+    exit_code: int | None = None  # a crash: the child's exit code (negative: the signal that killed it)
+    stderr: str = ""  # what the child wrote to stderr since its last progress, rocm-yolo's own lines left out
+    traceback: str = ""  # a crash: the traceback(s) the child (or its ranks) wrote
+    stacks: str = ""  # a hang: the stacks of the trainer and its workers
+    kernel: tuple[str, ...] = ()  # the kernel's lines about the attempt's processes or cards, in its window
+    kernel_source: str = ""  # where they came from, or why there are none
+    pids: frozenset = frozenset()  # the attempt's processes (the kernel's lines are sorted by them already)
+    multi_gpu: bool = False
+    on_gpu: bool = False  # the run trains on a GPU (a trainer stuck in torch is then stuck in GPU work)
+    launcher: str = ""  # several GPUs: what torch's launcher reported of this attempt (its root cause)
+    earlier: str = ""  # context: what the child wrote before its last progress
+    kernel_context: tuple[str, ...] = ()  # context: the window's kernel lines that name no process and no card
+    kernel_others: tuple[str, ...] = ()  # other processes' and cards' lines: in the report, never the class
+    batch: int | None = None  # a crash: the batch size the trainer had when it failed
+
+    @property
+    def kernel_readable(self) -> bool:
+        return not self.kernel_source.startswith("kernel log not readable")
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    cls: str  # one of CLASSES
+    title: str  # what rocm-yolo's line calls it: "GPU memory access fault (page not present)"
+    signature: str  # what makes two failures the same ("" for a death without a word: never the same)
+    evidence: tuple[str, ...] = ()  # the lines that decided it
+    detail: dict = field(default_factory=dict)  # gpu-oom: the sizes in bytes; host-oom: the victim; ...
+    weak: bool = False  # read from context alone: a remedy that retries, never a stop
+    why: str = ""  # why those lines mean that class (the runtime and its source)

@@ -1,0 +1,300 @@
+"""The runtimes' own words for what failed: HIP, the HSA runtime (ROCr) and ROCclr, MIOpen, rocBLAS, NCCL/RCCL,
+PyTorch and Linux, each pattern with the source that prints it and the class it means.
+
+The classifier (:mod:`.diagnose`) reads a failure's text against :data:`WORDS`, in their order: the first word
+that appears decides. A pattern is a runtime's error name, its error string
+(``hipGetErrorString``, ``hsa_status_string``, ``ncclGetErrorString``, torch's message) or the format of a line it
+prints, never one user's output: so a failure nobody reported yet is named by the same words.
+
+Why this order: what a runtime says of the card itself (no code object for it, no device) explains every later
+error, memory refused explains a kernel's or a worker's death, the GPU's own fault explains a collective or a
+loader that fails after it, and a collective's timeout explains the ranks' other errors.
+
+Torch-free and pure.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+ENVIRONMENT, GPU_OOM, HOST_OOM, GPU_FAULT, GPU_HANG = "environment", "gpu-oom", "host-oom", "gpu-fault", "gpu-hang"
+COLLECTIVE, LOADER, DATA_ERROR, TRAINING_ERROR = "collective", "loader", "data-error", "training-error"
+
+
+@dataclass(frozen=True)
+class Word:
+    """One thing a runtime says, what it means, and where it says it."""
+
+    cls: str  # the class it means
+    name: str  # how rocm-yolo names it: "hipErrorNoBinaryForGpu"
+    pattern: re.Pattern
+    source: str  # the runtime's source that prints it
+    meaning: str = ""  # what it says of the failure, in a few words
+
+
+def _w(cls: str, name: str, pattern: str, source: str, meaning: str = "", flags: int = 0) -> Word:
+    return Word(cls, name, re.compile(pattern, flags), source, meaning)
+
+
+HIP_ERRORS = "ROCm/clr hipamd/src/hip_error.cpp (hipGetErrorString), printed by torch as 'HIP error: ...'"
+HSA_STATUS = "ROCm/ROCR-Runtime hsa.h and hsa_ext_amd.h (hsa_status_string)"
+ROCCLR_ABORT = "ROCm/clr rocclr/device/rocm/rocdevice.cpp and rocvirtual.cpp: 'Callback: Queue ... aborting with error'"
+ROCR_FAULT = "ROCm/ROCR-Runtime runtime/hsa-runtime/core/runtime/runtime.cpp (VMFaultHandler, HwExceptionHandler)"
+TORCH_CUDA = "pytorch/pytorch c10/cuda/CUDAException.h and torch/cuda/__init__.py (hipified on ROCm)"
+TORCH_ALLOC = "pytorch/pytorch c10/core/impl/alloc_cpu.cpp (DefaultCPUAllocator)"
+TORCH_NCCL = "pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (the NCCL watchdog)"
+NCCL_ERRORS = "NVIDIA/nccl and ROCm/rccl src/misc/utils.cc (ncclGetErrorString)"
+TORCH_LOADER = "pytorch/pytorch torch/utils/data/dataloader.py and _utils/signal_handling.py"
+TORCH_WORKER = "pytorch/pytorch torch/csrc/DataLoader.cpp (a worker's fatal-signal handler)"
+MIOPEN = "ROCm/MIOpen src/include/miopen/errors.hpp, src/hipoc/hipoc_program.cpp (MIOpen Error, hiprtc builds)"
+ROCBLAS = "ROCm/rocBLAS library/src/tensile_host.cpp (the Tensile kernel library for the card)"
+HIP_FATBIN = "ROCm/clr hipamd/src/hip_fatbin.cpp and hip_code_object.cpp (no code object for the device)"
+LINUX_ENOMEM = "Linux errno ENOMEM ('Cannot allocate memory'), C++ std::bad_alloc, CPython MemoryError"
+OPENCV = "opencv/opencv modules/core/src/alloc.cpp (OutOfMemoryError: 'Failed to allocate N bytes')"
+ULTRALYTICS_DATA = "ultralytics/ultralytics ultralytics/data (load_image, verify_image_label, the label checks)"
+
+WORDS: tuple[Word, ...] = (
+    # --- the installed software cannot run on this card
+    _w(
+        ENVIRONMENT,
+        "hipErrorNoBinaryForGpu",
+        r"hipErrorNoBinaryForGpu[^\n]*",
+        HIP_FATBIN,
+        "no code object for this card",
+    ),
+    _w(
+        ENVIRONMENT,
+        "no kernel image for the device",
+        r"no kernel image is available for execution on the device",
+        HIP_ERRORS,
+        "hipErrorNoBinaryForGpu: no kernels for this card",
+    ),
+    _w(
+        ENVIRONMENT,
+        "invalid device function",
+        r"invalid device function|hipErrorInvalidDeviceFunction",
+        HIP_ERRORS,
+        "hipErrorInvalidDeviceFunction: the kernel was not built for this card",
+    ),
+    _w(
+        ENVIRONMENT,
+        "invalid kernel image",
+        r"device kernel image is invalid|hipErrorInvalidImage|invalid kernel file|hipErrorInvalidKernelFile|"
+        r"Cannot retrieve Static function[^\n]*",
+        HIP_ERRORS + "; ROCm/clr hipamd/src/hip_platform.cpp (a kernel its code object cannot give)",
+        "no usable code object for this card",
+    ),
+    _w(
+        ENVIRONMENT,
+        "no GPU visible",
+        r"No (?:HIP|CUDA) GPUs are available|no (?:ROCm|CUDA)-capable device is detected|hipErrorNoDevice",
+        TORCH_CUDA + "; " + HIP_ERRORS,
+        "the runtime sees no usable GPU (driver, permissions, visibility variables, or an unsupported card)",
+    ),
+    _w(
+        ENVIRONMENT,
+        "driver too old",
+        r"driver version is insufficient for runtime version|hipErrorInsufficientDriver|Found no NVIDIA driver",
+        HIP_ERRORS,
+    ),
+    _w(
+        ENVIRONMENT,
+        "shared object initialization failed",
+        r"shared object initialization failed|hipErrorSharedObjectInitFailed",
+        HIP_ERRORS,
+    ),
+    _w(
+        ENVIRONMENT,
+        "HSA code object refused",
+        r"HSA_STATUS_ERROR_(?:INVALID_ISA(?:_NAME)?|INVALID_CODE_OBJECT)\b[^\n]*|"
+        r"Agent creation failed\.?\s*The GPU node has an unrecognized id[^\n]*|HSA_OVERRIDE_GFX_VERSION \S+ is invalid",
+        HSA_STATUS + "; ROCm/ROCR-Runtime amd_gpu_agent.cpp; libhsakmt topology.c (the override)",
+        "the code object's instruction set is not this card's (or the override names no ISA)",
+    ),
+    _w(
+        ENVIRONMENT,
+        "rocBLAS has no kernels for the card",
+        r"rocBLAS error: (?:Cannot read|Could not load|Could not initialize Tensile)[^\n]*|"
+        r"rocblas_status_(?:arch_mismatch|excluded_from_build)",
+        ROCBLAS,
+        "no Tensile kernel library for this card's architecture",
+    ),
+    _w(
+        ENVIRONMENT,
+        "MIOpen cannot build its kernels",
+        r"MIOpen(?:\(HIP\))?: Error \[(?:Compile|BuildHip|BuildOcl|SetIsaName)\][^\n]*|HIPRTC_ERROR_COMPILATION[^\n]*|"
+        r"Code object build failed[^\n]*|No suitable algorithm was found to execute the required convolution[^\n]*",
+        MIOPEN + "; src/ocl/convolutionocl.cpp",
+        "MIOpen cannot build or find a convolution kernel for this card",
+    ),
+    _w(
+        ENVIRONMENT,
+        "the GPU compiler crashed",
+        r"Program arguments: \S*(?:llc|clang|ld\.lld|amdgpu-\S+)\b[^\n]*amdgcn[^\n]*",
+        "llvm/llvm-project's crash report (PrettyStackTrace: 'Program arguments:') in MIOpen/HIP's runtime compiles",
+        "the AMDGPU compiler crashed building a kernel for this card at run time",
+    ),
+    _w(
+        ENVIRONMENT,
+        "PCIe atomics missing",
+        r"Pcie atomics not enabled[^\n]*|the operation cannot be performed in the present state|hipErrorIllegalState",
+        "ROCm/clr rocclr/device/rocm/rocvirtual.cpp; " + HIP_ERRORS,
+        "the slot or CPU gives the GPU no PCIe atomics, which ROCm's hostcall kernels need",
+    ),
+    # --- GPU memory
+    _w(
+        GPU_OOM,
+        "GPU out of memory",
+        r"(?:HIP|CUDA) out of memory[^\n]*|OutOfMemoryError: [^\n]*|"
+        r"hipErrorOutOfMemory|(?:HIP|CUDA) error: out of memory|miopenStatusAllocFailed|MIOPEN_STATUS_ALLOC_FAILED|"
+        r"(?:CU|HIP)BLAS_STATUS_ALLOC_FAILED|rocblas_status_memory_error|Allocation failed : Device memory[^\n]*|"
+        r"BlockAllocator::alloc failed[^\n]*|HSA_STATUS_ERROR_OUT_OF_(?:RESOURCES|REGISTERS)\b[^\n]*|"
+        r"Memory not available to allocate buffer[^\n]*",
+        TORCH_CUDA
+        + "; "
+        + HIP_ERRORS
+        + "; "
+        + MIOPEN
+        + "; "
+        + HSA_STATUS
+        + " (OUT_OF_RESOURCES: scratch, queues, VRAM)",
+    ),
+    # --- host memory
+    _w(
+        HOST_OOM,
+        "host memory refused",
+        r"DefaultCPUAllocator: (?:can't allocate|not enough) memory[^\n]*|"
+        r"^\W*(?:[\w.]+\.)?(?:_Array)?MemoryError\b[^\n]*|"
+        r"std::bad_alloc|\[Errno 12\] Cannot allocate memory[^\n]*|Insufficient memory\)? Failed to allocate[^\n]*|"
+        r"CPUAllocator\.cpp:\d+\][^\n]*posix_memalign[^\n]*|"
+        r"Detected \d+ oom[_-]kill event[^\n]*|Some of the step tasks have been OOM Killed[^\n]*|"
+        r"earlyoom\S*: (?:low memory!|sending SIG\w+ to process)[^\n]*|systemd-oomd\S*: Killed[^\n]*",
+        TORCH_ALLOC + " (older: CPUAllocator.cpp's posix_memalign); " + LINUX_ENOMEM + "; " + OPENCV + "; "
+        "SchedMD/slurm src/plugins/task/cgroup (slurmstepd: the step's cgroup OOM-killed a task); "
+        "rfjakob/earlyoom and systemd-oomd (user-space OOM killers: SIGTERM, then SIGKILL)",
+        flags=re.M,
+    ),
+    # --- a kernel's own check of the step's data
+    _w(
+        TRAINING_ERROR,
+        "device-side assert",
+        r"device-side assert(?:ion)? triggered[^\n]*|hipErrorAssert|[Dd]evice-side assertion `[^\n]*' failed[^\n]*|"
+        r"block: \[\d+,\d+,\d+\], thread: \[\d+,\d+,\d+\] Assertion `[^\n]*` failed[^\n]*",
+        HIP_ERRORS + "; pytorch/pytorch c10/macros/Macros.h (CUDA_KERNEL_ASSERT: 'Device-side assertion ... failed'); "
+        "the CUDA runtime's device assert ('block: [..], thread: [..] Assertion ... failed.')",
+        "a kernel's check of the step's own data failed (an index out of range): not the GPU's fault",
+    ),
+    # --- the GPU faulted or hung (the runtime's last words)
+    _w(
+        GPU_HANG,
+        "GPU hang",
+        r"HW Exception by GPU node-\d+[^\n]*reason\s*:\s*GPU Hang[^\n]*|"
+        r"Memory access fault by GPU node-\d+[^\n]*Reason: Generic hang recovery[^\n]*",
+        ROCR_FAULT,
+        "the GPU was reset after it hung: every queue of the process is gone",
+        re.I,
+    ),
+    _w(
+        GPU_FAULT,
+        "memory access fault",
+        r"Memory access fault by GPU node-\d+[^\n]*",
+        ROCR_FAULT,
+        "a kernel touched memory it may not",
+    ),
+    _w(GPU_FAULT, "hardware exception", r"HW Exception by GPU node-\d+[^\n]*", ROCR_FAULT),
+    _w(
+        GPU_FAULT,
+        "the HSA runtime aborted",
+        r"(?i:aborting with error) : HSA_STATUS_ERROR\w*[^\n]*|HSA_STATUS_ERROR_(?:MEMORY_APERTURE_VIOLATION|"
+        r"MEMORY_FAULT|EXCEPTION|ILLEGAL_INSTRUCTION|FATAL)\b[^\n]*",
+        ROCCLR_ABORT + "; " + HSA_STATUS,
+        "the GPU's queue stopped on an error",
+    ),
+    _w(GPU_FAULT, "memory exception", r"Memory exception on virtual address[^\n]*", ROCR_FAULT),
+    _w(
+        GPU_HANG,
+        "kernel launch timed out",
+        r"the launch timed out and was terminated|hipErrorLaunchTimeOut",
+        HIP_ERRORS,
+    ),
+    _w(
+        GPU_FAULT,
+        "illegal memory access",
+        r"an illegal memory access was encountered|hipErrorIllegalAddress|unspecified launch failure|"
+        r"hipErrorLaunchFailure|uncorrectable ECC error encountered|hipErrorECCNotCorrectable|[DS]RAM ECC failure",
+        HIP_ERRORS,
+    ),
+    _w(GPU_FAULT, "MIOpen error", r"MIOpen Error:[^\n]*|miopenStatus(?!Success)\w+", MIOPEN),
+    _w(GPU_FAULT, "rocBLAS error", r"rocBLAS error:[^\n]*|rocblas_status_(?!success)\w+", ROCBLAS),
+    _w(GPU_FAULT, "HIP error", r"(?:HIP error: [^\n]*|\bhipError(?!Success)\w+)", HIP_ERRORS),
+    # --- the GPUs' collectives
+    _w(
+        COLLECTIVE,
+        "collective timed out",
+        r"[Cc]aught collective operation timeout[^\n]*|(?:NCCL|Process group) watchdog thread terminated[^\n]*|"
+        r"ProcessGroupNCCL's watchdog got stuck[^\n]*|Some NCCL operations have failed or timed out[^\n]*|"
+        r"Heartbeat monitor timed out[^\n]*|NCCL operation timed out",
+        TORCH_NCCL,
+        "a collective waited longer than its timeout: a rank stopped taking part",
+    ),
+    _w(
+        COLLECTIVE,
+        "NCCL/RCCL error",
+        r"(?:NCCL|RCCL) (?:error|Error)[^\n]*|nccl(?:UnhandledCudaError|SystemError|InternalError|RemoteError)"
+        r"[^\n]*|DistBackendError[^\n]*|NCCL communicator was aborted[^\n]*|"
+        r"unhandled (?:cuda|system) error \(run with NCCL_DEBUG[^\n]*|"
+        r"remote process exited or there was a network error|"
+        r"NCCL WARN (?:(?:Cuda|HIP|HSA) failure|Call to \S+ failed)[^\n]*",
+        NCCL_ERRORS + "; " + TORCH_NCCL,
+    ),
+    # --- the loader's processes and their shared memory
+    _w(
+        LOADER,
+        "DataLoader worker died",
+        r"DataLoader worker \(pid[^\n]*|DataLoader timed out after[^\n]*|"
+        r"Unexpected (?:bus error|segmentation fault) encountered in worker[^\n]*|"
+        r"unable to (?:write to file|open shared memory object) </torch_[^\n]*|out of shared memory[^\n]*|"
+        r"received \d+ items of ancdata[^\n]*|Too many open files[^\n]*Communication with the workers[^\n]*|"
+        r"Unexpected floating-point exception encountered in worker[^\n]*|Pin memory thread exited unexpectedly|"
+        r"Cannot re-initialize (?:CUDA|HIP) in forked subprocess[^\n]*|\[Errno 24\] Too many open files[^\n]*",
+        TORCH_LOADER + "; " + TORCH_WORKER + "; EMFILE: the workers' tensors shared as file descriptors",
+    ),
+    # --- the data
+    _w(
+        DATA_ERROR,
+        "a sample failed to load",
+        r"Image Not Found[^\n]*|cv2\.error[^\n]*|UnidentifiedImageError[^\n]*|cannot identify image file[^\n]*|"
+        r"image file is truncated[^\n]*|Label class \d+ exceeds[^\n]*|Caught \w+ in DataLoader worker process[^\n]*|"
+        r"PIL/(?:\w+ImagePlugin|ImageFile)\.py[^\n]*|ignoring corrupt image/label[^\n]*",
+        ULTRALYTICS_DATA + "; " + TORCH_LOADER + " (an exception raised by the dataset in a worker); "
+        "python-pillow/Pillow's decoders (ImageFile, *ImagePlugin: a file that does not decode)",
+    ),
+    # --- the training step's own guard against a loss gone bad
+    _w(
+        TRAINING_ERROR,
+        "loss not finite",
+        r"(?i:FloatingPointError)[^\n]*|Loss became infinite or NaN[^\n]*",
+        "CPython's FloatingPointError; facebookresearch/detectron2 engine/train_loop.py",
+        "the loss became NaN or infinite",
+    ),
+)
+
+# Line prefixes that launchers, quoting and logging put before a runtime's words: torch.distributed.run's
+# "[rank0]: ", mpirun's "[1,0]<stderr>:", a quoted post's "> ", markdown emphasis.
+_PREFIX = re.compile(r"^(?:\s*(?:\[rank\d+\]:|\[\d+,\d+\]<std(?:err|out)>:|>|\*\*|`)\s?)+", re.M)
+
+
+def clean(text: str) -> str:
+    """``text`` with the launchers' and quoting's line prefixes taken off (the runtimes' words start the line)."""
+    return _PREFIX.sub("", text)
+
+
+def first(text: str, words: tuple[Word, ...] = WORDS) -> tuple[Word, str] | None:
+    """The first word of ``words`` that ``text`` holds, and the line it is on; None if it holds none."""
+    for word in words:
+        m = word.pattern.search(text)
+        if m:
+            end = text.find("\n", m.end())
+            return word, text[text.rfind("\n", 0, m.start()) + 1 : end if end >= 0 else len(text)].strip()
+    return None

@@ -1,0 +1,159 @@
+"""One attempt, watched to its end: :class:`Watch` polls the child, reads its heartbeats and its ranks' exit lines,
+and returns how the attempt ended (:class:`AttemptEnd`), as torch elastic's ``_monitor_workers`` returns a
+``RunResult``. It decides nothing about the run: the loop (:mod:`.loop`) acts on the end. On a stall it writes
+the stacks first, while the tree is still there.
+
+Start-up is watched as the steps the trainer reports (:data:`rocm_yolo.run.heartbeat.STEPS`): what is slow before
+training gets its allowance (the startup grace, or a restart's measured on the run's own first start-up,
+:class:`.stall.Startup`), while a loader iterated for its first batch is waited for as any other batch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from rocm_yolo.process.lifecycle import signal_name
+from rocm_yolo.run.events import RunLog
+from rocm_yolo.run.heartbeat import STEPS, Heartbeat
+from rocm_yolo.run.spec import RunSpec
+from rocm_yolo.run.supervisor_state import State
+from rocm_yolo.supervisor.config import WatchdogConfig
+from rocm_yolo.supervisor.signals import Signals
+from rocm_yolo.supervisor.stall import FINISHED, StallDetector, Startup, ending_note, lingering, ranks_heard
+from rocm_yolo.supervisor.states import EXIT_STATES
+from rocm_yolo.supervisor.trainer_process import Child
+
+
+@dataclass
+class AttemptEnd:
+    """How one attempt ended, as its watch saw it."""
+
+    state: State  # SUCCEEDED, CRASHED, STALLED, INTERRUPTED, or what the child's exit code says (EXIT_STATES)
+    info: str = ""  # what to say of a failure: "hang at epoch 2/3, train batch 1/4"
+    hb: Heartbeat | None = None  # the lead rank's newest heartbeat: where the attempt was last heard
+    exit_code: int | None = None  # a crash's
+    stderr: tuple[str, str] = ("", "")  # the child's stderr before and since its last progress
+    detected: float = 0.0  # wall clock of the failure's notice
+    at: float = 0.0  # the loop's clock then
+    stalled: float = 0.0  # a hang: seconds without progress
+    stacks: Path | None = None  # a hang: where its stacks went
+
+
+def where(hb: Heartbeat | None) -> str:
+    """Where the run was last heard: ``epoch 2/3, batch 3/16`` (``validation batch``), or before its first trained
+    batch ``start-up (waiting for the first batch from the train loader)``."""
+    if hb is None or hb.epoch <= 0 or (hb.batches_total == 0 and hb.startup):
+        return f"start-up ({STEPS.get(hb.startup if hb else '', 'starting')})"
+    what = "batch" if hb.phase == "train" else ("validation batch" if hb.phase == "val" else f"{hb.phase} batch")
+    return f"epoch {hb.epoch}/{hb.epochs}, {what} {hb.batch}/{hb.batches}"
+
+
+class Watch:
+    """Watches ``child`` until its attempt ends. ``on_progress(hb, now, first)`` hears each heartbeat of the lead
+    rank that shows progress (``first``: its first trained batch of the attempt)."""
+
+    def __init__(
+        self,
+        child: Child,
+        spec: RunSpec,
+        config: WatchdogConfig,
+        *,
+        clock: Callable[[], float],
+        sleep: Callable[[float], None],
+        signals: Signals,
+        log: RunLog,
+        tick: Callable[[Heartbeat | None], None],
+        startup: Startup,
+        on_progress: Callable[[Heartbeat, float, bool], None],
+    ):
+        self.child, self.spec, self.config = child, spec, config
+        self.clock, self.sleep, self.signals, self.log, self.tick = clock, sleep, signals, log, tick
+        self.startup, self.on_progress = startup, on_progress
+        self.began = clock()
+        # the run's own first start-up gives a restart its allowance (more than one machine: the grace holds,
+        # a restart's rendezvous waits for the other nodes)
+        allowance = None if spec.nodes is not None else startup.allowance(config)
+        self.detector = StallDetector(config, self.began, startup=allowance)
+        self.hb: Heartbeat | None = None
+        self.mark: int | None = None  # where the child's stderr stood at its last progress
+        self.training = False
+
+    def run(self) -> AttemptEnd:
+        child, detector = self.child, self.detector
+        while True:
+            if self.signals.interrupted is not None:
+                return AttemptEnd(State.INTERRUPTED, hb=self.hb)
+            if self.signals.suspend_requested:
+                self.signals.suspend(child, detector, self.log, self.clock)
+            rc = child.poll()
+            now = self.clock()
+            # every heartbeat, and before acting on an exit: the first trained batch tells where a resume started,
+            # and an attempt may train its first batch and finish (or crash) between two polls
+            for beat in child.heartbeats():
+                self._heard(beat, now)
+            detector.observe_exits(child.exits, child.rank_count, now)  # the ranks said they end: their tree goes
+            if rc is not None:
+                return self._exited(rc, now)
+            if self.config.enabled and detector.stalled(now):
+                if detector.ending == FINISHED:  # what is left is no training: the run is done
+                    self.log.info(lingering(detector.stalled_for(now)))
+                    return AttemptEnd(State.SUCCEEDED, hb=self.hb)
+                return self._stalled(now)
+            self.tick(self.hb)
+            self.sleep(self.config.poll_interval)
+
+    def _heard(self, beat: Heartbeat, now: float) -> None:
+        progress = self.detector.observe(beat, now)  # any rank's progress is the run's
+        if progress:  # what the child wrote before this heartbeat is no longer its failure's own
+            self.mark = self.child.stderr_mark(beat.time)
+            self.startup.observe(beat, now - self.began)
+        if not beat.lead:  # (local) rank 0 speaks for the run: where it is, what a restart trains again
+            return
+        self.hb = beat
+        if progress:
+            first = not self.training and beat.batches_total > 0
+            self.training = self.training or first
+            self.on_progress(beat, now, first)
+
+    def _exited(self, rc: int, now: float) -> AttemptEnd:
+        if rc in EXIT_STATES:
+            return AttemptEnd(EXIT_STATES[rc], hb=self.hb, exit_code=rc)
+        how = f"code {rc}" + (f" ({signal_name(-rc)})" if rc < 0 else "")
+        stderr = self.child.stderr_tail(self.mark)
+        self.log.info(f"training process exited with {how} (attempt {self.spec.attempt})")
+        return AttemptEnd(
+            State.CRASHED,
+            f"training process exited with code {rc}",
+            hb=self.hb,
+            exit_code=rc,
+            stderr=stderr,
+            detected=time.time(),
+            at=now,
+        )
+
+    def _stalled(self, now: float) -> AttemptEnd:
+        child, spec, detector, hb = self.child, self.spec, self.detector, self.hb
+        at = where(hb) + ranks_heard(child.ranks) + ending_note(detector, child.exits)
+        stalled = detector.stalled_for(now)
+        detected = time.time()
+        self.log.info(f"no progress for {stalled:.0f} s (timeout {detector.timeout():.0f} s) at {at}: hang")
+        out = spec.paths.hang_stacks(spec.attempt)  # attempts count on across resumes
+        try:
+            path = child.dump_stacks(out)
+            self.log.event("stacks", f"stacks of the trainer and its workers written to {path}", path=str(path))
+        except Exception as e:  # a dump must never block recovery
+            path = None
+            self.log.event("stacks", f"could not dump stacks: {e}")
+        return AttemptEnd(
+            State.STALLED,
+            f"hang at {at}",
+            hb=hb,
+            stderr=child.stderr_tail(self.mark),
+            detected=detected,
+            at=now,
+            stalled=round(stalled, 1),
+            stacks=path,
+        )
