@@ -96,6 +96,8 @@ class ScriptedChild:
         self.rank_count = rank_count
         self.seen = 0
         self.dumped = self.killed = False
+        self.terminal_blocked = False  # a test sets it: the tree waits for its terminal (Ctrl-S)
+        self.terminal_blocked_pid = pid
 
     def poll(self) -> int | None:
         return self.code if self.exit_at is not None and self.clock() >= self.exit_at else None
@@ -123,6 +125,9 @@ class ScriptedChild:
 
     def stderr_tail(self, since: int | None = None) -> tuple[str, str]:
         return self.earlier, self.stderr
+
+    def blocked_on_terminal(self) -> int | None:
+        return self.terminal_blocked_pid if self.terminal_blocked else None
 
     def kill(self) -> list[int]:
         self.killed = True

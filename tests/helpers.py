@@ -116,6 +116,23 @@ def wait_for(predicate, timeout, what, proc=None, cli=None):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+SEAMS = Path(__file__).resolve().parent / "seams"
+
+
+def with_kernel_log(cli, tmp_path) -> Path:
+    """Point the supervisor of ``cli``'s runs at a kernel log the test writes (tests/seams)."""
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    cli.env["PYTHONPATH"] = os.pathsep.join(x for x in (str(SEAMS), os.environ.get("PYTHONPATH")) if x)
+    cli.env["ROCM_YOLO_TEST_KERNEL_LOG"] = str(log)
+    return log
+
+
+def kernel_line(text: str) -> str:
+    """``text`` as the kernel logged it now (journalctl -o short-unix)."""
+    return f"{time.time():.6f} testhost kernel: {text}\n"
+
+
 def rocm_lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.startswith("rocm-yolo:")]
 

@@ -101,15 +101,41 @@ def kill(pid: int, term_timeout: float = 8.0, kill_timeout: float = 4.0) -> list
     leader = [p for p in procs if p.pid == pid]
     if leader:
         send(leader, signal.SIGTERM)
+        send(procs, signal.SIGCONT)  # a stopped tree (Ctrl-Z, SIGSTOP) wakes to find the stop, not to train on
         psutil.wait_procs(leader, timeout=term_timeout / 2)
     alive = {p.pid: p for p in procs + members(pid) if _running(p)}
     send(list(alive.values()), signal.SIGTERM)
+    send(list(alive.values()), signal.SIGCONT)
     _, still = psutil.wait_procs(list(alive.values()), timeout=max(0.0, deadline - time.monotonic()))
     still += [p for p in members(pid) if p.pid not in {a.pid for a in still} and _running(p)]
     if still:
         send(still, signal.SIGKILL)
         _, still = psutil.wait_procs(still, timeout=kill_timeout)
     return [p.pid for p in still]
+
+
+# the write system calls by machine (asm/unistd of x86_64 and of the generic table aarch64 uses)
+_WRITES = {"x86_64": {1, 20}, "aarch64": {64, 66}}
+
+
+def blocked_on_terminal(pid: int) -> int | None:
+    """The pid of a process of ``pid``'s tree whose main thread waits in a write to a terminal (a paused
+    terminal: Ctrl-S), or None. Read from ``/proc/PID/syscall`` (the call and its first argument, the fd) and
+    the fd's target; where that cannot be read, from ``/proc/PID/wchan``."""
+    writes = _WRITES.get(os.uname().machine, set())
+    for proc in members(pid):
+        try:
+            call = Path(f"/proc/{proc.pid}/syscall").read_text().split()
+            if call and call[0].isdigit() and int(call[0]) in writes:
+                target = os.readlink(f"/proc/{proc.pid}/fd/{int(call[1], 16)}")
+                if target.startswith(("/dev/pts/", "/dev/tty")):
+                    return proc.pid
+                continue
+            if not call and "tty_write" in Path(f"/proc/{proc.pid}/wchan").read_text():
+                return proc.pid
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
 
 
 def _running(proc: psutil.Process) -> bool:

@@ -54,6 +54,9 @@ class Child(Protocol):
         ``since``: (what came before it, what came after); all of it after for None."""
 
     def kill(self) -> list[int]:
+    def blocked_on_terminal(self) -> int | None:
+        """A process of its tree that waits for its terminal to take its output (a pid), or None."""
+
         """Stop its whole tree; the pids still alive after SIGKILL."""
 
     def pause(self) -> None:
@@ -177,6 +180,9 @@ class TrainerProcess:
         return self.stderr.tail(since)
 
     def kill(self) -> list[int]:
+    def blocked_on_terminal(self) -> int | None:
+        return tree.blocked_on_terminal(self.pid)
+
         left = tree.kill(self.pid, self.config.term_timeout, self.config.kill_timeout)
         try:
             self.proc.wait(timeout=1)

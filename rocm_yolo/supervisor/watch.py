@@ -80,14 +80,24 @@ class Watch:
         self.hb: Heartbeat | None = None
         self.mark: int | None = None  # where the child's stderr stood at its last progress
         self.training = False
+        self.waiting = False  # the tree waits for its terminal (said once)
 
     def run(self) -> AttemptEnd:
+        self.signals.child = self.child  # SIGTTOU stops the tree with the supervisor, at once
+        try:
+            return self._run()
+        finally:
+            self.signals.child = None
+
+    def _run(self) -> AttemptEnd:
         child, detector = self.child, self.detector
         while True:
+            self.signals.settle(detector, self.log)
             if self.signals.interrupted is not None:
                 return AttemptEnd(State.INTERRUPTED, hb=self.hb)
             if self.signals.suspend_requested:
                 self.signals.suspend(child, detector, self.log, self.clock)
+                continue  # a stop that came while stopped ends the attempt before anything else
             rc = child.poll()
             now = self.clock()
             # every heartbeat, and before acting on an exit: the first trained batch tells where a resume started,
@@ -101,9 +111,28 @@ class Watch:
                 if detector.ending == FINISHED:  # what is left is no training: the run is done
                     self.log.info(lingering(detector.stalled_for(now)))
                     return AttemptEnd(State.SUCCEEDED, hb=self.hb)
+                if self._waits_for_terminal(now):
+                    continue
                 return self._stalled(now)
             self.tick(self.hb)
             self.sleep(self.config.poll_interval)
+
+    def _waits_for_terminal(self, now: float) -> bool:
+        """A tree that waits for its terminal to take its output (Ctrl-S, a paused pager) is not hung: its time
+        waiting is no time without progress. Said once per wait."""
+        blocked = self.child.blocked_on_terminal()
+        if blocked and not self.waiting:
+            self.log.event(
+                "terminal_paused",
+                f"the training process waits for its terminal to take its output (pid {blocked}; Ctrl-S? Ctrl-Q "
+                "resumes): not a hang",
+                pid=blocked,
+            )
+        self.waiting = bool(blocked)
+        if blocked:
+            self.detector.pause(self.detector.stalled_for(now))
+            self.sleep(self.config.poll_interval)
+        return bool(blocked)
 
     def _heard(self, beat: Heartbeat, now: float) -> None:
         progress = self.detector.observe(beat, now)  # any rank's progress is the run's

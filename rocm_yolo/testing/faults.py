@@ -2,9 +2,9 @@
 
 One variable, one grammar: ``ROCM_YOLO_FAULT=KIND[@WHERE][,KIND[@WHERE]...]``.
 
-Training faults, ``WHERE`` = ``EPOCH:BATCH[:RANK]`` (1-based; fired after that training batch,
-in rank ``RANK`` of a multi-GPU run, or with ``nK`` in the first rank of rocm-yolo's node K of a
-multi-node run; without it in whichever rank claims it first):
+Training faults, ``WHERE`` = ``EPOCH:BATCH[:RANK]`` (1-based; fired after that training batch, or with batch
+``0`` at the epoch's start, before its loader is iterated; in rank ``RANK`` of a multi-GPU run, or with ``nK``
+in the first rank of rocm-yolo's node K of a multi-node run; without it in whichever rank claims it first):
 
 - ``worker-hang``: a DataLoader worker blocks forever in ``__getitem__`` (the trainer then
   waits forever for its batch, as in the users' hangs); without ``@`` from the first item.
@@ -21,7 +21,13 @@ multi-node run; without it in whichever rank claims it first):
 - ``oom``: the trainer raises ``torch.OutOfMemoryError`` with torch's own message for a GPU out of
   memory (:data:`OOM_MESSAGE`);
 - ``same-crash``: the trainer raises the same ``RuntimeError`` at that batch in every attempt (not
-  once per run): a deterministic error of the training step.
+  once per run): a deterministic error of the training step;
+- ``handled-hip-error``: the trainer writes the traceback of a ``RuntimeError: HIP error: invalid device
+  function`` it caught to its stderr (:data:`HANDLED_HIP_ERROR`) and trains on: a GPU error's words that are no
+  failure;
+- ``device-assert``: the trainer computes a loss with a class index far out of range on the training
+  device (:func:`device_assert`): on an NVIDIA GPU a device-side assert (ROCm's torch has kernel asserts
+  off: there the read out of range faults), on the CPU an ``IndexError``.
 
 Conv self-test faults, ``WHERE`` = a strategy name: ``conv-raise`` imitates a HIP error,
 ``conv-abort`` a GPU memory access fault (SIGABRT), ``conv-hang`` a stuck kernel (all three
@@ -54,12 +60,34 @@ from rocm_yolo.environment import FAULT as ENV
 from rocm_yolo.run.devices import local_rank, rank
 from rocm_yolo.run.paths import RunPaths, node_from_environment
 
-TRAINING = ("worker-hang", "main-hang", "crash", "kill", "bug", "save-kill", "gpu-fault", "oom", "same-crash")
+TRAINING = (
+    "worker-hang",
+    "main-hang",
+    "crash",
+    "kill",
+    "bug",
+    "save-kill",
+    "gpu-fault",
+    "oom",
+    "same-crash",
+    "device-assert",
+    "handled-hip-error",
+)
 EVERY_ATTEMPT = ("same-crash",)  # fires in every attempt that reaches it, not once per run
 HSA_FAULT_LINE = (
     "Memory access fault by GPU node-1 (Agent handle: 0x55d5c0a3e2a0) on address 0x7f3a1c000000. "
     "Reason: Page not present or supervisor privilege.\n"
 )  # the HSA runtime's words (ROCR-Runtime), before it calls abort()
+HANDLED_HIP_ERROR = (
+    "Traceback (most recent call last):\n"
+    '  File "probe.py", line 12, in <module>\n'
+    "    torch.ones(1, device='cuda') + 1\n"
+    "RuntimeError: HIP error: invalid device function\n"
+    "HIP kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be "
+    "incorrect.\nFor debugging consider passing AMD_SERIALIZE_KERNEL=3\n"
+    "Compile with `TORCH_USE_HIP_DSA` to enable device-side assertions.\n"
+    "(handled: training goes on)\n"
+)  # torch's own words for a HIP error, as a caught exception's traceback prints them
 OOM_MESSAGE = (
     "HIP out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 7.98 GiB of which 1.02 GiB is "
     "free. Of the allocated memory 5.91 GiB is allocated by PyTorch, and 312.00 MiB is reserved by PyTorch but "
@@ -174,6 +202,20 @@ class InjectedBug(KeyError):
 
 def raise_bug(where: str) -> None:
     raise InjectedBug(f"injected bug ({ENV}) {where}")
+
+
+def device_assert(device) -> None:
+    """``device-assert``: a cross-entropy loss on ``device`` whose target is a class index far out of range (class
+    2**40 of 2). On an NVIDIA GPU the loss kernel's bounds check fails: a device-side assert, which leaves the
+    process's GPU context unusable. ROCm's torch builds have kernel asserts off, so there the read 4 TiB past the
+    tensor is what fails (a memory access fault). On the CPU torch raises ``IndexError``. ``.item()`` waits for
+    the GPU, so the error surfaces here."""
+    import torch
+    import torch.nn.functional as F
+
+    logits = torch.zeros(1, 2, device=device)
+    target = torch.tensor([1 << 40], device=device)
+    F.cross_entropy(logits, target).item()
 
 
 # --------------------------------------------------------------------------- conv self-test
@@ -325,6 +367,7 @@ class Injector:
 
     def on_train_epoch_start(self, trainer) -> None:
         self.batch = 0
+        self._fire(trainer)  # EPOCH:0: before the epoch's loader is iterated
 
     def on_val_batch_end(self, validator) -> None:
         """``final-val-stop``: in the end of training's validation (not an epoch's), stop the run as Ctrl-C would."""
@@ -342,10 +385,17 @@ class Injector:
 
     def on_train_batch_end(self, trainer) -> None:
         self.batch += 1
+        self._fire(trainer)
+
+    def _fire(self, trainer) -> None:
+        """The faults aimed at this point of training (the epoch and the batches done in it)."""
         for f in self.faults:
             if f.epoch is None or (trainer.epoch + 1, self.batch) != (f.epoch, f.batch) or not self._claim(f):
                 continue
-            if f.kind == "worker-hang":
+            if f.kind == "handled-hip-error":
+                sys.stderr.write(HANDLED_HIP_ERROR)
+                sys.stderr.flush()
+            elif f.kind == "worker-hang":
                 self.trigger.write_text("hang\n")
             elif f.kind == "main-hang":
                 block_forever()
@@ -362,6 +412,8 @@ class Injector:
                 import torch
 
                 raise torch.OutOfMemoryError(OOM_MESSAGE)
+            elif f.kind == "device-assert":
+                device_assert(getattr(trainer, "device", "cpu"))
             elif f.kind == "same-crash":
                 raise RuntimeError(f"injected training error ({ENV}) at epoch {f.epoch} batch {f.batch}, every attempt")
 

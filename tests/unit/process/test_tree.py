@@ -56,3 +56,47 @@ def test_every_process_of_a_big_tree_gets_its_py_spy_dump_within_one_budget(tmp_
     assert sorted(dumps) == pids
     assert all(f"read {pid}" in dumps[pid] for pid in pids), dumps
     assert tree._py_spy_all(None, pids, budget=6.0) == {}  # no py-spy: faulthandler's stacks only
+
+
+def test_a_tree_that_waits_for_its_paused_terminal_is_told_apart_and_a_stopped_tree_is_killed_promptly():
+    """Ctrl-S on a real pseudo-terminal: the writer blocks in write(2) on the terminal; Ctrl-Q lets it go. A tree
+    stopped by SIGSTOP ends at once when killed (SIGTERM, then SIGCONT), not after the timeouts."""
+    import os
+    import pty
+    import signal
+    import termios
+
+    master, slave = pty.openpty()
+    os.set_blocking(master, False)
+    writer = tree.start([sys.executable, "-c", "import os\nwhile True: os.write(1, b'x' * 4096)"], stdout=slave)
+    try:
+        termios.tcflow(slave, termios.TCOOFF)  # the terminal takes no more output: Ctrl-S
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and tree.blocked_on_terminal(writer.pid) is None:
+            try:
+                os.read(master, 1 << 16)  # what the terminal showed before the pause
+            except BlockingIOError:
+                pass
+            time.sleep(0.1)
+        assert tree.blocked_on_terminal(writer.pid) == writer.pid
+        termios.tcflow(slave, termios.TCOON)  # Ctrl-Q
+        for _ in range(50):
+            try:
+                os.read(master, 1 << 20)
+            except BlockingIOError:
+                pass
+            if tree.blocked_on_terminal(writer.pid) is None:
+                break
+            time.sleep(0.05)
+        os.kill(writer.pid, signal.SIGSTOP)
+        began = time.monotonic()
+        assert tree.kill(writer.pid, term_timeout=8, kill_timeout=4) == []
+        assert time.monotonic() - began < 4  # woken to find the SIGTERM: not the 4 s of a leader's wait
+    finally:
+        writer.kill()
+        writer.wait()
+        os.close(master)
+        os.close(slave)
+    sleeper = tree.start(["sleep", "30"])
+    assert tree.blocked_on_terminal(sleeper.pid) is None
+    tree.kill_now(sleeper)

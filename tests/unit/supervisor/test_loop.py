@@ -283,3 +283,77 @@ def test_on_several_machines_restarts_join_the_round_every_node_agrees_on_and_a_
     assert made[1].paths.node_dir.name == "node-1" and read_round(spec.paths).number == 2
     assert result.exit_code == errors.FAILED and result.restarts == 1 and result.detail and result.node == 1
     assert result.paths.log == spec.paths.node_dir / "rocm-yolo.log"
+
+
+def _supervisor(spec, child, clock, sleep, stop_self) -> Supervisor:
+    return Supervisor(
+        spec,
+        CONFIG,
+        child_factory=lambda s, c: child,
+        clock=clock,
+        sleep=sleep,
+        log=RunLog(stream=open(os.devnull, "w")),
+        stop_self=stop_self,
+    )
+
+
+def test_a_terminal_that_closes_on_a_stopped_job_stops_the_run_as_a_hang_up_and_the_tree_trains_no_more(spec):
+    """Ctrl-Z, then the terminal closes: bash sends SIGHUP, SIGTERM and SIGCONT at once. The hang-up is the cause
+    (129, not 143), and the stopped tree is not continued to train: it is stopped."""
+    import signal
+
+    clock = Clock()
+    child = steady(clock, 200, 1)
+    unpaused = []
+    child.unpause = lambda: unpaused.append(True)
+
+    def stop_self():  # while the supervisor is stopped, both signals arrive; handled in order when it continues
+        sup.signals._on_stop(signal.SIGHUP, None)
+        sup.signals._on_stop(signal.SIGTERM, None)
+
+    def sleep(dt):
+        clock.sleep(dt)
+        if clock.now == 20:
+            sup.signals.suspend_requested = True
+
+    sup = _supervisor(spec, child, clock, sleep, stop_self)
+    result = sup.run()
+    assert result.exit_code == errors.HANGUP == 129 and unpaused == [] and child.killed
+
+
+def test_a_background_write_with_tostop_stops_the_tree_with_the_supervisor_and_is_no_hang(spec):
+    """SIGTTOU (stty tostop): the tree is stopped at once with the supervisor, as a plain job stops, and goes on
+    with it; the time stopped is no time without progress."""
+    import signal
+
+    clock = Clock()
+    child = steady(clock, 200, 1)
+    seen = []
+
+    def stop_self():
+        seen.append(child.paused)
+        clock.now += 1000  # stopped for longer than any stall timeout
+
+    def sleep(dt):
+        clock.sleep(dt)
+        if clock.now == 30:
+            sup.signals._on_terminal(signal.SIGTTOU, None)  # what the kernel does at the supervisor's write
+
+    sup = _supervisor(spec, child, clock, sleep, stop_self)
+    sup.signals.install = lambda: {}
+    result = sup.run()
+    assert seen == [True] and child.paused is False
+    assert result.exit_code == errors.OK and result.hangs == [] and sup.signals.suspended_seconds >= 0
+
+
+def test_a_tree_that_waits_for_its_terminal_to_take_its_output_is_not_hung(spec):
+    """Ctrl-S: the trainer blocks writing to its terminal; silent for longer than the stall timeout, it is no hang."""
+    clock = Clock()
+    child = ScriptedChild(clock, {5: beat(1), 300: beat(2, batch=2, batches_total=2)}, exit_at=305)
+
+    def sleep(dt):
+        clock.sleep(dt)
+        child.terminal_blocked = 10 < clock.now < 290  # Ctrl-S at 10 s, Ctrl-Q at 290 s
+
+    result = _supervisor(spec, child, clock, sleep, stop_self=lambda: None).run()
+    assert result.exit_code == errors.OK and result.hangs == []
