@@ -29,6 +29,7 @@ def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
     from rocm_yolo.trainer.checkpointing.restore import MidEpochResume
     from rocm_yolo.trainer.checkpointing.sample_order import TrainOrder
     from rocm_yolo.trainer.checkpointing.save import MidEpochSave
+    from rocm_yolo.trainer.loaders.forkserver import ServerReady
     from rocm_yolo.ultralytics_rules import compat
 
     paths = spec.paths
@@ -54,7 +55,8 @@ def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
     # the mid-epoch ones last: a resumed epoch moves the others' batch counters after they reset them
     writers = [save] if rank == 0 else []  # the other ranks resume from rank 0's checkpoints, and write none
     trackers = [Trackers(spec, log)] if rank == 0 else []  # Ultralytics' tracker callbacks run in rank 0 only
-    return [run_hooks, good_copy, heartbeat, *testing, *writers, mid_resume, *trackers], run_hooks
+    ready = ServerReady(spec.run_dir)  # before the heartbeat says "first batch": the server's imports are start-up
+    return [run_hooks, good_copy, ready, heartbeat, *testing, *writers, mid_resume, *trackers], run_hooks
 
 
 def train(spec: RunSpec, env: Environment, log: RunLog) -> int:

@@ -24,9 +24,11 @@ This module does not import torch: it runs before the trainer imports it.
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import time
 
 from rocm_yolo import environment
 from rocm_yolo.process import preimport
@@ -73,3 +75,32 @@ def start(run_dir: str | os.PathLike) -> None:
 def server_pid() -> int | None:
     """The fork server of this process, if one was started."""
     return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+
+
+READY_TIMEOUT = 600.0  # seconds the first batch waits for the server's imports at most (then the workers do)
+
+
+class ServerReady:
+    """An Ultralytics callback: before the attempt's first epoch iterates its loader, wait until the fork server
+    has imported torch and Ultralytics (its record says so). That wait is start-up, reported as such by the
+    heartbeat; from the next step on, workers start in milliseconds, so a first batch that never comes is a hang
+    after the stall timeout, however slowly the server imported on a busy machine."""
+
+    def __init__(self, run_dir: str | os.PathLike, timeout: float = READY_TIMEOUT):
+        self.path = RunPaths(run_dir).forkserver(rank())
+        self.timeout = timeout
+        self.waited = False
+
+    def on_train_epoch_start(self, trainer) -> None:
+        if self.waited or server_pid() is None:
+            return
+        self.waited = True
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline and not self._ready():
+            time.sleep(0.05)
+
+    def _ready(self) -> bool:
+        try:
+            return json.loads(self.path.read_text()).get("trainer") == os.getpid()  # this attempt's server
+        except (OSError, ValueError, AttributeError):
+            return False

@@ -14,8 +14,9 @@ from rocm_yolo.trainer.callbacks.run_hooks import RunHooks
 from rocm_yolo.trainer.callbacks.trackers import Trackers
 from rocm_yolo.trainer.checkpointing.restore import MidEpochResume
 from rocm_yolo.trainer.checkpointing.save import MidEpochSave
+from rocm_yolo.trainer.loaders.forkserver import ServerReady
 
-OWNERS = (RunHooks, HeartbeatWriter, MidEpochSave, MidEpochResume, Injector, BatchRecorder, Trackers)
+OWNERS = (RunHooks, HeartbeatWriter, MidEpochSave, MidEpochResume, Injector, BatchRecorder, Trackers, ServerReady)
 
 
 def test_every_callback_method_is_an_event_ultralytics_fires():
@@ -95,3 +96,29 @@ def test_the_verified_copy_of_last_pt_is_made_off_the_training_thread_but_never_
     copy.on_model_save(types.SimpleNamespace(last=paths.last, epoch=1, stop=True))  # waits, then copies at once
     assert copy.copier is None and heard == [0, 1]
     assert paths.last_good.read_bytes() == paths.last.read_bytes()
+
+
+def test_the_first_batch_waits_for_this_attempts_fork_server_to_be_ready_as_start_up(tmp_path, monkeypatch):
+    """The server's imports are start-up: the heartbeat says "first batch" only once they are done (a record of an
+    earlier attempt's server does not count); without a fork server nothing waits."""
+    import json
+    import threading
+    import time
+
+    from rocm_yolo.run.paths import RunPaths
+    from rocm_yolo.trainer.loaders import forkserver
+
+    record = RunPaths(tmp_path).forkserver(None)
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"trainer": 1}))  # an earlier attempt's server
+    monkeypatch.setattr(forkserver, "server_pid", lambda: 4242)
+    ready = forkserver.ServerReady(tmp_path, timeout=10)
+    threading.Timer(0.5, lambda: record.write_text(json.dumps({"trainer": os.getpid()}))).start()
+    began = time.monotonic()
+    ready.on_train_epoch_start(None)
+    assert 0.4 < time.monotonic() - began < 5
+    began = time.monotonic()
+    ready.on_train_epoch_start(None)  # the next epochs: no wait
+    monkeypatch.setattr(forkserver, "server_pid", lambda: None)
+    forkserver.ServerReady(tmp_path / "none", timeout=10).on_train_epoch_start(None)  # no fork server: no wait
+    assert time.monotonic() - began < 0.5
