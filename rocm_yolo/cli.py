@@ -10,7 +10,6 @@ import argparse
 import difflib
 import os
 import sys
-import time
 from pathlib import Path
 
 from rocm_yolo import __version__, errors, triage
@@ -82,10 +81,9 @@ def cmd_train(args, extra: list[str]) -> int:
     request = launch.TrainRequest.from_args(args, extra)
     config = request.watchdog_config()  # its errors before anything is claimed
     spec = launch.prepare(request)
-    started = time.time()
     trained_before = _trained_before(spec)
     result = launch.run(spec, config, user_resume=request.resuming)
-    _say_how_it_ended(result, started, trained_before)
+    _say_how_it_ended(result, trained_before)
     if request.data == "demo" and result.exit_code == errors.OK:
         _say(DEMO_NEXT)
     return result.exit_code
@@ -100,7 +98,7 @@ that training, validation and checkpoints work on this machine. Next:
   rocm-yolo doctor data.yaml                   check this machine and a data set before spending GPU hours"""
 
 
-def _say_how_it_ended(result, started: float, trained_before: int = 0) -> None:
+def _say_how_it_ended(result, trained_before: int = 0) -> None:
     from rocm_yolo.run.supervisor_state import State
 
     paths = result.paths
@@ -117,7 +115,7 @@ def _say_how_it_ended(result, started: float, trained_before: int = 0) -> None:
             else ""
         )
         _say(
-            f"rocm-yolo: done: {trained} in {time.time() - started:.1f} s{extra}; "
+            f"rocm-yolo: done: {trained} in {result.running_seconds:.1f} s{extra}; "  # time stopped by Ctrl-Z: none
             f"weights: {paths.last} and {paths.best}"
         )
     elif result.state == State.FAILED and result.detail is None:  # a detail: said already, in the child's line
@@ -126,14 +124,11 @@ def _say_how_it_ended(result, started: float, trained_before: int = 0) -> None:
 
 
 def _say(text: str) -> None:
-    """A line on stderr after the run; a terminal gone meanwhile drops it (the run's log has the run's end)."""
-    from rocm_yolo.process.terminal import LOST
+    """A line on stderr after the run, behind what a paused terminal has not shown yet (it is shown at exit); a
+    terminal gone meanwhile drops it (the run's log has the run's end)."""
+    from rocm_yolo.run.events import show
 
-    try:
-        print(text, file=sys.stderr, flush=True)
-    except OSError as e:
-        if e.errno not in LOST:
-            raise
+    show(text + "\n")
 
 
 def _trained_before(spec) -> int:

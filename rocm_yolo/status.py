@@ -4,6 +4,11 @@ On more than one machine it shows every node (``RUN/rocm_yolo/node-K/``, on the 
 its supervisor's state, where its first rank is and each of its other ranks, as the nodes' own
 files say; and the round of the rendezvous they agree on. A node whose supervisor runs on another
 machine cannot be asked whether it lives: its heartbeat's age says it.
+
+A run that is not running and not finished (stopped, failed, ...) also shows what a resume will start from: the
+checkpoint ``rocm-yolo train --resume RUN`` takes (:func:`rocm_yolo.launch.resume_target.resume_point`: the newest
+valid one, mid-epoch or ``last.pt``), read without torch. The heartbeat says where the run was last heard, which
+may be batches or epochs past it.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from pathlib import Path
 
 from rocm_yolo import errors
 from rocm_yolo.errors import UsageError
+from rocm_yolo.launch.resume_target import resume_point
 from rocm_yolo.process.lifecycle import alive
 from rocm_yolo.run import heartbeat
 from rocm_yolo.run.devices import read_round
@@ -24,6 +30,9 @@ from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.run.supervisor_state import State, SupervisorState, read_state
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.stall import StallDetector
+from rocm_yolo.ultralytics_rules.checkpoint import summary
+
+LIVE = (State.RUNNING.value, "stalled?")  # states of a run that trains now
 
 
 def newest_run(root: Path = Path("runs")) -> Path | None:
@@ -65,9 +74,11 @@ def collect(run_dir: Path, now: float | None = None) -> dict:
     """What ``status`` says of a run: its state and progress (node 0's on several machines), and each node's."""
     now = time.time() if now is None else now
     nodes = _multi_node(run_dir)
+    info = _collect(RunPaths(run_dir, nodes[0] if nodes else None), now)
+    if info["state"] not in (*LIVE, State.FINISHED.value) and info.get("phase") != "done":
+        info["resume"] = resume_from(RunPaths(run_dir))  # the run's weights, whichever node wrote them
     if not nodes:
-        return _collect(RunPaths(run_dir, None), now)
-    info = _collect(RunPaths(run_dir, nodes[0]), now)
+        return info
     info["nodes"] = [{"node": k, **_collect(RunPaths(run_dir, k), now)} for k in nodes]
     found = read_round(RunPaths(run_dir, None))
     if found is not None:
@@ -76,6 +87,27 @@ def collect(run_dir: Path, now: float | None = None) -> dict:
     if spec is not None and spec.nodes is not None:
         info["node_count"], info["endpoint"] = spec.nodes.count, spec.nodes.endpoint
     return info
+
+
+def resume_from(paths: RunPaths) -> dict:
+    """What ``rocm-yolo train --resume RUN`` would start from, changing nothing: the checkpoint, the epoch it trains
+    (1-based) and the batches of it done (0 at an epoch's start); or, with no checkpoint to resume, why."""
+    try:
+        point = resume_point(paths.last)
+    except UsageError as e:
+        return {"checkpoint": None, "why": str(e)}
+    except OSError as e:  # a checkpoint went away while it was read (a resume started meanwhile)
+        return {"checkpoint": None, "why": f"cannot read {paths.weights}: {e.strerror or e}"}
+    found: dict = {"checkpoint": str(point.path), "note": point.note}
+    mid = next(((epoch, batch) for epoch, batch, path in paths.mid_checkpoints() if path == point.path), None)
+    read = summary(point.path)
+    if mid is not None:
+        found["epoch"], found["batch"] = mid
+    elif read is not None and read.epoch is not None and read.epoch >= 0:
+        found["epoch"], found["batch"] = read.epoch + 2, 0  # its "epoch" is the last one completed, 0-based
+    if read is not None and read.epochs:
+        found["epochs"] = read.epochs
+    return found
 
 
 def _collect(paths: RunPaths, now: float) -> dict:
@@ -111,7 +143,7 @@ def _collect(paths: RunPaths, now: float) -> dict:
         )
         if info["state"] == State.RUNNING.value and hb.phase != "done" and _stalled(hb, sup, now):
             info["state"] = "stalled?"
-        live = info["state"] in (State.RUNNING.value, "stalled?")  # a speed and an ETA only while it trains
+        live = info["state"] in LIVE  # a speed and an ETA only while it trains
         if live and hb.it_s > 0 and hb.batches and hb.epochs and hb.phase == "train":
             left = (hb.batches - hb.batch) + (hb.epochs - hb.epoch) * hb.batches
             info["eta_seconds"] = round(left / hb.it_s)
@@ -164,6 +196,8 @@ def render(info: dict) -> str:
         own = _render(node).splitlines()[1:]  # its "run:" line is the run's
         lines.append(f"node {node['node']}:    {own[0].split(':', 1)[1].strip()}")
         lines += ["  " + line for line in own[1:]]
+    if info.get("resume"):
+        lines.append(_resume_line(info["resume"], info["run_dir"]))
     return "\n".join(lines)
 
 
@@ -182,7 +216,7 @@ def _render(info: dict) -> str:
             f"progress:  epoch {info['epoch']}/{info['epochs']}, "
             f"{info['phase']} batch {info['batch']}/{info['batches']}"
         )
-        if info["state"] in (State.RUNNING.value, "stalled?"):  # a stopped run has no speed
+        if info["state"] in LIVE:  # a stopped run has no speed
             eta = info.get("eta_seconds")
             lines.append(f"speed:     {info['it_s']:.2f} it/s" + (f", ETA {_hms(eta)}" if eta is not None else ""))
     if "epoch" in info:
@@ -194,12 +228,31 @@ def _render(info: dict) -> str:
             f"rank {r['rank']}:    epoch {r['epoch']}, {r['phase']} batch {r['batch']}/{r['batches']}, "
             f"{r['heartbeat_age']:.0f} s ago (attempt {r['attempt']})"
         )
+    if info.get("resume"):  # where it was heard last may be past what was saved
+        lines.append(_resume_line(info["resume"], info["run_dir"]))
     lines.append(f"hangs:     {info['hangs']}, {info['lost_seconds']:.0f} s lost")
     for r in info.get("recoveries") or []:
         lines.append(f"restart:   {_recovery(r)}")
     for line in info.get("verdict") or []:
         lines.append(f"verdict:   {line.strip()}")
     return "\n".join(lines)
+
+
+def _resume_line(found: dict, run_dir: str) -> str:
+    """``resume:    from epoch 2/3, batch 10 (weights/ep2-ba10.pt)``, or why a resume has nothing to start from."""
+    if not found.get("checkpoint"):
+        return f"resume:    none ({found.get('why')})"
+    path = Path(found["checkpoint"])
+    try:
+        path = path.relative_to(run_dir)
+    except ValueError:
+        pass
+    epoch = found.get("epoch")
+    if epoch is None:
+        return f"resume:    from {path}"
+    of = f"{epoch}/{found['epochs']}" if found.get("epochs") else f"{epoch}"
+    at = f"epoch {of}, batch {found['batch']:,}" if found.get("batch") else f"the start of epoch {of}"
+    return f"resume:    from {at} ({path})"
 
 
 def _recovery(r: dict) -> str:

@@ -10,7 +10,7 @@
 
 - :mod:`.train_request`: ``TrainRequest``, the request as the user gave it (its options listed once);
 - :mod:`.validation`: ``make_spec``, the request validated into the first attempt's spec;
-- :mod:`.data_path`: DATA and the default model, checked before anything starts;
+- :mod:`.data_path`: DATA, the default model, and a model Ultralytics can load, checked before anything starts;
 - :mod:`.ram_cache`: ``cache=ram`` shared with the workers, loaded in threads, or refused;
 - :mod:`.demo`: the demo data set, written by the tool itself;
 - :mod:`.resume_target`: which run and checkpoint a ``--resume`` continues;

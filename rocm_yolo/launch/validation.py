@@ -16,7 +16,7 @@ from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
 from rocm_yolo.errors import UsageError
 from rocm_yolo.gpu import count
 from rocm_yolo.launch import ram_cache
-from rocm_yolo.launch.data_path import default_model, resolve_data
+from rocm_yolo.launch.data_path import check_model, default_model, resolve_data
 from rocm_yolo.launch.demo import DEMO_DEFAULTS
 from rocm_yolo.launch.resume_target import find_resume, run_args
 from rocm_yolo.launch.train_request import ULTRALYTICS_FLAGS, TrainRequest
@@ -171,6 +171,8 @@ class Sorted:
         name = str(self.flags["model"] or ("" if resuming else default_model(self.data)))
         if self.flags["model"] and not Path(name).suffix:
             raise UsageError(f"--model {name}: give a .pt checkpoint or a .yaml model definition (e.g. yolo26n.yaml)")
+        if self.flags["model"] and not resuming:  # a resume refuses --model: it continues the run's own
+            check_model(name)
         return name
 
     def carry(self, run_dir: Path, node: int | None = None) -> RunSpec | None:

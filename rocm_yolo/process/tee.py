@@ -1,18 +1,22 @@
-"""A child's standard error, copied to the terminal as it comes and kept: in a bounded file, and its tail in memory.
+"""A child's standard error, shown where the user reads rocm-yolo as it comes, and kept: in a bounded file, and its
+tail in memory.
 
 The watchdog reads what a training child wrote to stderr when it fails: the GPU runtime writes its last words there
 from C (the HSA runtime's ``Memory access fault by GPU node-1 ... Reason: ...`` right before ``abort()``), and no
 Python code of the child can catch them. So the child's stderr is a pipe whose other end this process holds: a
-daemon thread copies every chunk to the terminal at once (whole lines: a line's beginning waits up
+daemon thread reads every chunk at once and hands it to a sink (whole lines: a line's beginning waits up
 to 0.1 s for its end, so the child's stdout, written to the same terminal, never lands inside it),
 appends it to a file (kept under ``cap`` bytes: its newest half survives) and keeps the newest
-``tail`` bytes in memory. Whatever the child wrote before it died is
+``tail`` bytes in memory. The sink is :func:`rocm_yolo.run.events.stderr_sink`'s: the terminal (an
+:class:`~rocm_yolo.run.events.FdSink`, which never blocks: a terminal whose output is paused with Ctrl-S keeps
+neither this thread nor the child waiting, and gets what it missed, bounded, when it takes output again) or, in a
+Jupyter kernel, the cell's stream. Whatever the child wrote before it died is
 still in the pipe: :meth:`Tee.drain` waits (bounded) until it has been copied, so the lines keep their order with
 this process's own. The thread ends when every writer of the pipe is gone.
 
-The thread holds no lock but its own while this process starts other processes: their
-``preexec_fn`` (:func:`rocm_yolo.process.lifecycle.pdeathsig_kill`, one ``prctl`` through a
-library loaded before) needs none, and glibc's ``fork`` resets its allocator's locks in the child.
+The thread holds no locks but its own and its sink's while this process starts other processes: their
+``preexec_fn`` (:func:`rocm_yolo.process.lifecycle.pdeathsig_kill`, one ``prctl`` through a library loaded before)
+needs none, and glibc's ``fork`` resets its allocator's locks in the child.
 """
 
 from __future__ import annotations
@@ -27,15 +31,20 @@ import time
 from collections import deque
 from pathlib import Path
 
+from rocm_yolo.run.events import FdSink
+
 CAP = 1 << 20  # the file: at most 1 MiB (its newest half survives a trim)
 TAIL = 64 << 10  # in memory: the newest 64 KiB
 HOLD = 0.1  # seconds a line's beginning waits for its end before it is shown as it is
 
 
 class Tee:
-    def __init__(self, fd: int, out_fd: int | None = 2, path: Path | None = None, cap: int = CAP, tail: int = TAIL):
+    def __init__(self, fd: int, out, path: Path | None = None, cap: int = CAP, tail: int = TAIL):
+        """``out``: where the copy goes: a sink (:func:`rocm_yolo.run.events.stderr_sink`), a file descriptor (an
+        :class:`~rocm_yolo.run.events.FdSink` of the Tee's own, closed when the pipe is), or None (no copy)."""
         self.fd = fd
-        self.out_fd = out_fd
+        self._own = isinstance(out, int)
+        self.out = FdSink(out) if self._own else out
         self.path = path
         self.cap = cap
         self.keep = tail
@@ -68,7 +77,7 @@ class Tee:
                 cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
                 shown, self._partial = (self._partial + data[:cut], data[cut:]) if cut else (b"", self._partial + data)
                 if shown:
-                    self._show(shown)  # outside the lock: a paused terminal (Ctrl-S) must not block the supervisor
+                    self._show(shown)  # outside the lock; the sink never blocks on a paused terminal (Ctrl-S)
                 with self._lock:
                     self._keep(data)
                     self._reads.append((time.time(), self._kept))
@@ -80,16 +89,13 @@ class Tee:
                 os.close(self.fd)
             except OSError:
                 pass
+            if self._own:
+                self.out.close()
             self.done.set()
 
     def _show(self, data: bytes) -> None:
-        if self.out_fd is not None:
-            view = memoryview(data)
-            try:
-                while view:
-                    view = view[os.write(self.out_fd, view) :]
-            except OSError:  # the terminal went away: keep draining the pipe, or the child would block on it
-                self.out_fd = None
+        if self.out is not None:
+            self.out.write(data)
 
     def _keep(self, data: bytes) -> None:
         self._kept += len(data)

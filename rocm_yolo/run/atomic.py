@@ -6,21 +6,59 @@ temporary file in the same directory, then ``os.replace``. With ``durable=True``
 fsynced before the rename and the directory after it, so a power cut or a kill during the
 write never leaves a damaged file where a good one was. A failed write removes its
 temporary file and raises: callers decide whether that matters.
+
+A write that a kill cuts short leaves its temporary file (``.last.pt.PID.tmp``; on more than one
+machine ``.last.pt.nK-PID.tmp``, K the node: two machines can have the same pid). The name says
+whose it was (:func:`temporaries`), so that the supervisor removes those its own node's tree left
+once the tree is gone, and never another node's write in progress.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Union
 
+from rocm_yolo import environment
+
 TEMPORARY_SUFFIX = ".tmp"
+_TEMPORARY = re.compile(r"^\.(?P<target>.+)\.(?:n(?P<node>\d+)-)?(?P<pid>\d+)\.tmp$")
 
 
 def temporary(path: Path) -> Path:
-    """Where a write of ``path`` goes first: a hidden file beside it, named after this process."""
-    return path.with_name(f".{path.name}.{os.getpid()}{TEMPORARY_SUFFIX}")
+    """Where a write of ``path`` goes first: a hidden file beside it, named after this process (and its node, on
+    more than one machine)."""
+    node = os.environ.get(environment.NODE, "")
+    owner = f"n{node}-{os.getpid()}" if node.isdigit() else str(os.getpid())
+    return path.with_name(f".{path.name}.{owner}{TEMPORARY_SUFFIX}")
+
+
+@dataclass(frozen=True)
+class Temporary:
+    """A temporary file of a write (in progress, or cut short), and whose it is."""
+
+    path: Path
+    target: str  # the name of the file it becomes: last.pt, ep2-ba12.pt
+    pid: int  # the process that writes it
+    node: int | None  # that process's node, on more than one machine
+
+
+def temporaries(directory: str | os.PathLike) -> list[Temporary]:
+    """The temporary files of writes in ``directory``, in progress or cut short (nothing if it cannot be read)."""
+    try:
+        names = sorted(p.name for p in Path(directory).iterdir())
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        m = _TEMPORARY.match(name)
+        if m is not None:
+            node = int(m["node"]) if m["node"] is not None else None
+            found.append(Temporary(Path(directory) / name, m["target"], int(m["pid"]), node))
+    return found
 
 
 def _sync_dir(directory: Path) -> None:

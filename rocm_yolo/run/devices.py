@@ -12,7 +12,10 @@ which **round**. A round is one meeting of every node at the rendezvous: the nod
 round after any failure. :class:`Round` (``RUN/rocm_yolo/round.json``, on the storage every node sees)
 is the round every node agrees on and the loader profile it trains on: :func:`join_round` gives a
 node the round the others wait in, or opens the next one; :func:`mark_round_started` closes it to
-latecomers once its ranks run.
+latecomers once its ranks run. A node that stops for good (an internal error, a broken environment, a
+verdict: no restart of its own) says so in the round (:class:`NodeStop`, :func:`record_stop`): the other
+nodes stop too, with its exit code, at their next restart or while they wait at the rendezvous, instead of
+waiting there for it until ``--rdzv-timeout``. A user's start or resume opens a round without it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Mapping
 
 from rocm_yolo import environment
@@ -143,20 +146,38 @@ class Nodes:
 
 
 @dataclass(frozen=True)
+class NodeStop:
+    """A node that stopped for good, and why: every node of the run stops with its exit code."""
+
+    node: int
+    exit_code: int
+    reason: str  # one line: "internal error: KeyError: ..."
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "NodeStop":
+        return cls(int(data["node"]), int(data["exit_code"]), str(data["reason"]))
+
+    def describe(self, count: int) -> str:
+        return f"node {self.node} of {count} stopped for good (exit {self.exit_code}: {self.reason})"
+
+
+@dataclass(frozen=True)
 class Round:
     """A meeting of every node at the rendezvous, and the loader profile its ranks train on."""
 
     number: int
     profile: str
     started: bool = False  # its ranks run: a node that comes later meets the others in the next round
+    stopped: NodeStop | None = None  # a node stopped for good: no node meets the others again
 
 
 def read_round(paths: RunPaths) -> Round | None:
     """The round every node agrees on, as ``round.json`` says it; None when missing or unreadable."""
     try:
         data = json.loads(paths.round.read_text())
-        found = Round(int(data["number"]), str(data["profile"]), bool(data.get("started", False)))
-    except (OSError, ValueError, TypeError, KeyError):
+        stopped = NodeStop.from_dict(data["stopped"]) if data.get("stopped") else None
+        found = Round(int(data["number"]), str(data["profile"]), bool(data.get("started", False)), stopped)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
     return found if found.number >= 1 else None
 
@@ -183,10 +204,14 @@ class _RoundLock:
 def join_round(paths: RunPaths, profile: str, after: int | None = None) -> Round:
     """The round this node joins: the one the other nodes wait in (opened, not started, later than ``after``),
     else a new one after every round so far, on ``profile``. ``after``: the round this node's last attempt
-    failed in (a watchdog restart), None for a first attempt or a user's resume."""
+    failed in (a watchdog restart), None for a first attempt or a user's resume. A watchdog restart after a node
+    stopped for good gets that round, ``stopped`` and all (the caller stops); a user's start opens a new one."""
     with _RoundLock(paths):
         found = read_round(paths)
-        if found is not None and not found.started and found.number > (after or 0):
+        if found is not None and found.stopped is not None:
+            if after is not None:
+                return found
+        elif found is not None and not found.started and found.number > (after or 0):
             return found
         opened = Round(max(found.number if found else 0, after or 0) + 1, profile)
         write_atomic(paths.round, json.dumps(asdict(opened)))
@@ -198,4 +223,22 @@ def mark_round_started(paths: RunPaths, number: int) -> None:
     with _RoundLock(paths):
         found = read_round(paths)
         if found is not None and found.number == number and not found.started:
-            write_atomic(paths.round, json.dumps(asdict(Round(found.number, found.profile, True))))
+            write_atomic(paths.round, json.dumps(asdict(replace(found, started=True))))
+
+
+def record_stop(paths: RunPaths, stop: NodeStop, round_number: int, profile: str) -> NodeStop:
+    """Node ``stop.node`` stops for good, in round ``round_number`` (on ``profile``): every node stops. The stop
+    that was there first, if any, stays (a node that stops because another did says nothing new); the one kept."""
+    with _RoundLock(paths):
+        found = read_round(paths)
+        if found is not None and found.stopped is not None:
+            return found.stopped
+        base = found or Round(round_number, profile, started=True)
+        write_atomic(paths.round, json.dumps(asdict(replace(base, stopped=stop))))
+        return stop
+
+
+def stopped_node(paths: RunPaths) -> NodeStop | None:
+    """The node that stopped the run for good, as ``round.json`` says, if one did."""
+    found = read_round(paths)
+    return found.stopped if found is not None else None

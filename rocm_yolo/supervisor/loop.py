@@ -39,6 +39,7 @@ from rocm_yolo.run.supervisor_state import (
     read_state,
     write_state,
 )
+from rocm_yolo.supervisor import restart
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.reporting import Reporter
 from rocm_yolo.supervisor.restart import environment_error, last_loadable, next_spec, resume_command, tidy_finished
@@ -95,6 +96,7 @@ class Supervisor:
         self.remedy_env: dict = {}  # variables a remedy gave the attempts after it (NCCL_P2P_DISABLE=1)
         self._failed_pids: list[int] = []
         self.startup = Startup()  # the run's own start-up, measured: a restart's allowance
+        self.hb: Heartbeat | None = None  # the newest heartbeat heard when an attempt ended: where the run is
         previous = read_state(spec.paths) if user_resume else None
         self._earlier_failures = list(previous.failures) if previous else []  # kept in supervisor.json
         if previous:  # a resumed run keeps its history of hangs and restarts
@@ -128,6 +130,10 @@ class Supervisor:
             if self.interrupted is not None:  # a signal during the previous kill: start nothing new
                 return self._interrupted(spec)
             outcome, info = self._attempt(spec)
+            stopped = restart.other_node_stopped(spec, outcome, self.log)  # several machines: a node stopped for good
+            if stopped is not None:
+                self.result.detail = stopped.describe(spec.nodes.count)
+                return self._finish(State.FAILED, spec, stopped.exit_code)
             ended = self._ended(outcome, spec)
             if ended is not None:
                 return ended
@@ -140,7 +146,7 @@ class Supervisor:
             spec = self._restart(spec, restarts_left)
             if spec.resume and _finished(spec):  # e.g. a crash in the end of training's rewrite
                 self.log.info("the checkpoint shows the run finished all its epochs")
-                tidy_finished(spec, self.log)
+                self.result.detail = tidy_finished(spec, self.log, cut_short=True)  # what of its end did not happen
                 return self._finish(State.FINISHED, spec)
 
     def _attempt(self, spec: RunSpec) -> tuple[State, str]:
@@ -157,6 +163,7 @@ class Supervisor:
         pids: list[int] = []
         try:
             end = self._watch(child, spec)
+            self._heard(end.hb)
             if end.state in (State.STALLED, State.CRASHED):
                 pids = child.pids()  # before the kill: the KFD lists them until the GPU lets them go
             if end.state == State.STALLED:
@@ -167,6 +174,7 @@ class Supervisor:
                 self.log.event(
                     "leftover", f"processes still alive after SIGKILL (stuck in the kernel?): {left}", pids=left
                 )
+            restart.remove_cut_writes(spec, self.log)  # no file of a checkpoint write the end of the tree cut short
         if end.state in (State.STALLED, State.CRASHED):
             failure = self._diagnose(child, spec, end, pids, began)
             cut = self.work.failed(end.state == State.STALLED and "hang" or "crash", end.at, end.stalled, failure.cls)
@@ -221,6 +229,7 @@ class Supervisor:
             attempt=spec.attempt,
             profile=spec.profile,
             cls=failure.cls if failure else None,
+            **self._where(failure),  # where the failed attempt was last heard
             resume=spec.resume,
             remedy=action,
             cause=pending.cause if pending else None,
@@ -240,8 +249,7 @@ class Supervisor:
         kept = last_loadable(spec)
         if kept is not None:
             self.log.info(
-                f"the last loadable checkpoint is {kept}: once that is fixed, continue with "
-                f"rocm-yolo train --resume {spec.paths.last}"
+                f"the last loadable checkpoint is {kept}: once that is fixed, continue with {resume_command(spec)}"
             )
 
     def _watch(self, child: Child, spec: RunSpec) -> AttemptEnd:
@@ -262,6 +270,19 @@ class Supervisor:
             startup=self.startup,
             on_progress=progress,
         ).run()
+
+    def _heard(self, hb: Heartbeat | None) -> None:
+        """Where an attempt ended: the run's events and metrics say it (the watch's last tick may be older)."""
+        if hb is not None:
+            self.hb = self.reporter.hb = hb
+
+    def _where(self, failure: Failure | None = None) -> dict:
+        """Where the run was last heard, for an event: the failure's place, else the newest heartbeat's (none before
+        the first epoch)."""
+        if failure is not None:
+            return {"epoch": failure.epoch, "batch": failure.batch, "phase": failure.phase}
+        hb = self.hb
+        return {"epoch": hb.epoch, "batch": hb.batch, "phase": hb.phase} if hb is not None and hb.epoch > 0 else {}
 
     def _hung(self, end: AttemptEnd, child: Child) -> None:
         """A hang, noticed and its stacks written: record it, say the tree goes."""
@@ -389,7 +410,9 @@ class Supervisor:
         self.result.exit_code = RUN_EXIT[state] if code is None else code
         self.result.attempts = spec.attempt
         self.result.wall_seconds = time.time() - self.started_wall
+        self.result.suspended_seconds = self.signals.suspended_seconds
         self.result.failures = list(self.failures)
+        restart.tell_other_nodes(spec, self.result, self.log)  # several machines: a node that stops for good says so
         self._write_state(state, spec)
         kind = {State.FINISHED: "finished", State.INTERRUPTED: "stopped"}.get(state, "failed")
         last = self.failures[-1] if self.failures and kind == "failed" else None
@@ -402,8 +425,7 @@ class Supervisor:
             say=False,
             exit_code=self.result.exit_code,
             cls=last.cls if last else None,
-            epoch=last.epoch if last else None,
-            batch=last.batch if last else None,
+            **self._where(last),
         )
         return self.result
 

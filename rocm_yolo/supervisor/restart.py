@@ -1,16 +1,29 @@
-"""What the next attempt starts from after a hang or a crash, tidying a run that finished, what stopped one."""
+"""What the next attempt starts from after a hang or a crash, tidying a run that finished, what stopped one.
+
+- After every attempt, once its tree is gone, the temporary files of the checkpoint writes the end of the tree cut
+  short (a stop that outlasted the grace, a SIGKILL) are removed, each said in one line
+  (:func:`remove_cut_writes`): only this node's, and only those whose writer is gone.
+- A finished run says what of its end did not happen: a crash or a kill during the end of training leaves
+  ``last.pt`` or ``best.pt`` unstripped, the final validation not run (:func:`tidy_finished`).
+- On more than one machine, a node that stops for good says so in the run's shared folder, and the others stop
+  with its exit code at their next restart (:func:`tell_other_nodes`, :func:`other_node_stopped`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from rocm_yolo.errors import UsageError
+from rocm_yolo.process.lifecycle import alive
 from rocm_yolo.run import checkpoints
-from rocm_yolo.run.atomic import copy_atomic
-from rocm_yolo.run.devices import join_round
-from rocm_yolo.run.events import RunLog, read_events
+from rocm_yolo.run.atomic import copy_atomic, temporaries
+from rocm_yolo.run.devices import NodeStop, join_round, record_stop, stopped_node
+from rocm_yolo.run.events import FROM_PYTHON, RunLog, read_events
 from rocm_yolo.run.profiles import next_profile, resolve
 from rocm_yolo.run.spec import RunSpec, carry_over
+from rocm_yolo.run.supervisor_state import State
+from rocm_yolo.supervisor.states import RunResult
+from rocm_yolo.ultralytics_rules.checkpoint import summary
 
 
 def next_spec(spec: RunSpec, ladder: tuple[str, ...], log: RunLog | None = None) -> RunSpec:
@@ -63,11 +76,15 @@ def with_profile(spec: RunSpec, profile: str, log: RunLog | None = None) -> RunS
     )
 
 
-def tidy_finished(spec: RunSpec, log: RunLog) -> None:
+def tidy_finished(spec: RunSpec, log: RunLog, *, cut_short: bool = False) -> str | None:
     """A finished run keeps ``last.pt`` and ``best.pt`` (stripped by the end of training) and the verified copy of its
     last epoch's save, with the optimizer, from which ``--resume RUN --epochs N`` trains it on; its mid-epoch
     checkpoints only take disk space. If ``last.pt`` was moved aside as damaged, the verified copy becomes
     ``last.pt`` again.
+
+    Then it says what of the end of training did not happen: a file it did not strip, and with ``cut_short`` (the
+    training process failed after its last epoch) the final validation, with how to run it. Returns what ``status``
+    says of that end (the run's detail), or None.
     """
     paths = spec.paths
     last, good = paths.last, paths.last_good
@@ -78,15 +95,45 @@ def tidy_finished(spec: RunSpec, log: RunLog) -> None:
             checkpoints.remove_mid_checkpoints(paths)
     except OSError as e:  # housekeeping only: the weights are there either way
         log.info(f"could not tidy {paths.weights}: {e.strerror or e}")
+    return _end_not_done(spec, log, cut_short)
+
+
+def _end_not_done(spec: RunSpec, log: RunLog, cut_short: bool) -> str | None:
+    """Say what of the end of training did not happen, as the weights show it (the end strips them, then validates)."""
+    paths = spec.paths
+    kept = [p.name for p in (paths.last, paths.best) if p.exists() and not getattr(summary(p), "stripped", True)]
+    held = (
+        f"{' and '.join(kept)} still {'hold' if len(kept) > 1 else 'holds'} the optimizer (the end of training "
+        f"strips it; the weights load and predict as they are)"
+    )
+    if not cut_short:
+        if kept:
+            log.event("end_not_done", f"the end of training was cut short: {held}", unstripped=kept)
+        return None
+    validation = "did not run" if kept else "did not finish"
+    what = f"{held}, and the final validation {validation}" if kept else f"the final validation {validation}"
+    best = paths.best if paths.best.exists() else paths.last
+    log.event(
+        "end_not_done",
+        f"the training process failed after the last epoch, in the end of training: {what}; validate with yolo val "
+        f"model={best} data={spec.data}",
+        unstripped=kept,
+    )
+    return f"the final validation {validation}"
 
 
 def resume_command(spec: RunSpec) -> str:
-    """How the user continues the run of ``spec`` (on more than one machine: every node, with its node flags)."""
-    command = f"rocm-yolo train --resume {spec.paths.last}"
+    """How the user continues the run of ``spec``, in the language they started it in: ``rocm_yolo.train(resume=...)``
+    from Python (:data:`~rocm_yolo.run.events.FROM_PYTHON`), else the command line; on more than one machine, on every
+    node, with its node options."""
+    if FROM_PYTHON.get():
+        command, options = f"rocm_yolo.train(resume={str(spec.paths.last)!r})", "nnodes=, node_rank=, rdzv_endpoint="
+    else:
+        command, options = f"rocm-yolo train --resume {spec.paths.last}", "node flags"
     if spec.nodes is None:
         return command
     if spec.nodes.source == "flags":
-        return f"{command} and the same node flags, on every node"
+        return f"{command} and the same {options}, on every node"
     return f"{command} on every node (srun)"
 
 
@@ -102,3 +149,102 @@ def environment_error(spec: RunSpec) -> str | None:
     """What the newest environment error of the run was (its ``setup_error`` event), for ``status``."""
     found = [e for e in read_events(spec.paths.events) if e.get("event") == "setup_error" and e.get("error")]
     return f"environment error: {found[-1]['error']}" if found else None
+
+
+# --------------------------------------------------------------------------- writes cut short
+
+
+def remove_cut_writes(spec: RunSpec, log: RunLog) -> list[str]:
+    """Once an attempt's tree is gone: the temporary files of the checkpoint writes its end cut short (a stop that
+    outlasted the grace, a SIGKILL), removed, each said in one line; the files they were to become.
+
+    Only this node's (on more than one machine their names carry the node: another node's rank may write into the
+    same ``weights/`` now), and only those whose writer is gone (a process stuck past its SIGKILL keeps its own).
+    """
+    cut = []
+    for found in temporaries(spec.paths.weights):
+        if found.node != spec.node or alive(found.pid):
+            continue
+        try:
+            found.path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            log.info(f"cannot remove {found.path}, of a checkpoint write cut short: {e.strerror or e}")
+            continue
+        target = spec.paths.weights / found.target
+        before = ""
+        if target.exists():
+            before = f"; the {found.target} before it is kept"
+        elif spec.paths.last.exists() or spec.paths.mid_checkpoints():
+            before = "; the checkpoints before it are kept"
+        log.event(
+            "write_cut_short",
+            f"the write of {target} was cut short as the training process ended: its temporary file is removed{before}",
+            path=str(found.path),
+            target=found.target,
+        )
+        cut.append(found.target)
+    return cut
+
+
+# --------------------------------------------------------------------------- more than one machine
+
+FOR_GOOD = (State.USAGE_ERROR, State.SETUP_FAILED, State.INTERNAL_ERROR, State.FAILED)  # no restart of its own
+
+
+def tell_other_nodes(spec: RunSpec, result: RunResult, log: RunLog) -> None:
+    """This node's run ends for good (``result``'s state and exit code say how): on more than one machine the run's
+    shared folder says so (``round.json``), and the other nodes stop too (:func:`other_node_stopped`). A stop by a
+    signal is no such end: the others wait for the node at the rendezvous (``scancel`` stops them all)."""
+    if spec.nodes is None or result.state not in FOR_GOOD:
+        return
+    stop = NodeStop(spec.nodes.node, result.exit_code, _reason(spec, result))
+    try:
+        kept = record_stop(spec.paths, stop, spec.nodes.round, spec.profile)
+    except OSError as e:
+        log.info(
+            f"cannot tell the other nodes in {spec.paths.round} that this node stops ({e.strerror or e}): they wait "
+            f"for it at the rendezvous up to --rdzv-timeout"
+        )
+        return
+    if kept == stop:  # the node's own last line stays its reason's
+        log.event("node_stop", path=str(spec.paths.round), exit_code=stop.exit_code, reason=stop.reason)
+
+
+def other_node_stopped(spec: RunSpec, outcome: State, log: RunLog) -> NodeStop | None:
+    """On more than one machine, after an attempt that failed (``outcome``): another node stopped for good (its record
+    in ``round.json``), so this one stops too, said in one line naming the node and its reason; None otherwise."""
+    if spec.nodes is None or outcome not in (State.CRASHED, State.STALLED, State.FAILED):
+        return None
+    found = stopped_node(spec.paths)
+    if found is None or found.node == spec.nodes.node:
+        return None
+    log.event(
+        "node_stopped",
+        f"{found.describe(spec.nodes.count)}: this node stops too (exit {found.exit_code}); once that is fixed, "
+        f"continue with {resume_command(spec)}",
+        node=found.node,
+        exit_code=found.exit_code,
+        reason=found.reason,
+    )
+    return found
+
+
+def _reason(spec: RunSpec, result: RunResult) -> str:
+    """Why this node's run ends, in one line: its verdict, or what its processes said of the error."""
+    if result.verdict:
+        return str(result.verdict[0])
+    kinds = {State.INTERNAL_ERROR: "internal_error", State.USAGE_ERROR: "user_error", State.SETUP_FAILED: "setup_error"}
+    kind = kinds.get(result.state)
+    said = [e for e in read_events(spec.paths.events) if kind and e.get("event") == kind and e.get("error")]
+    if said:
+        prefix = {"internal_error": "internal error", "user_error": "error"}.get(kind, "environment error")
+        return f"{prefix}: {said[-1]['error']}"
+    if result.state == State.INTERNAL_ERROR:
+        return "internal error"
+    if result.detail:
+        return result.detail
+    if result.failures:
+        return f"{result.failures[-1].title}, with no restarts left"
+    return "failed"

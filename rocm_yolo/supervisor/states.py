@@ -54,12 +54,18 @@ class RunResult:
     restarts: int = 0
     hangs: list = field(default_factory=list)  # [Hang]
     lost_seconds: float = 0.0  # to hangs: detection + restart + batches trained again
-    wall_seconds: float = 0.0
+    wall_seconds: float = 0.0  # from the supervisor's start to the run's end
+    suspended_seconds: float = 0.0  # of them, stopped by Ctrl-Z (the whole tree stopped: no training)
     recoveries: list = field(default_factory=list)  # [Recovery], one per restart (supervisor.worklost)
     detail: str | None = None  # what else the end says (e.g. "the final validation was interrupted")
     failures: list = field(default_factory=list)  # [Failure], each diagnosed (diagnosis.diagnose)
     verdict: list | None = None  # why the run stopped without retrying, and the known fixes
     node: int | None = None  # on more than one machine: the node this supervisor ran (its log is its own)
+
+    @property
+    def running_seconds(self) -> float:
+        """The run's time, less the time it was stopped by Ctrl-Z: what "done: ... in N s" says."""
+        return max(self.wall_seconds - self.suspended_seconds, 0.0)
 
     @property
     def paths(self) -> RunPaths:

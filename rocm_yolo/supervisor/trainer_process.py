@@ -19,6 +19,7 @@ from rocm_yolo.process import tree
 from rocm_yolo.process.tee import Tee
 from rocm_yolo.run import heartbeat
 from rocm_yolo.run.devices import launches_ranks, world_size
+from rocm_yolo.run.events import stderr_sink
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.supervisor.config import WatchdogConfig
@@ -53,10 +54,10 @@ class Child(Protocol):
         """The newest part of what its tree wrote to stderr (copied to the terminal already), split at the mark
         ``since``: (what came before it, what came after); all of it after for None."""
 
-    def kill(self) -> list[int]:
     def blocked_on_terminal(self) -> int | None:
         """A process of its tree that waits for its terminal to take its output (a pid), or None."""
 
+    def kill(self) -> list[int]:
         """Stop its whole tree; the pids still alive after SIGKILL."""
 
     def pause(self) -> None:
@@ -149,7 +150,7 @@ class TrainerProcess:
             os.close(err_write)
         self.pid = self.proc.pid
         self.beats = PipeReader(read_end)
-        self.stderr = Tee(err_read, _stderr_fd(), spec.paths.child_stderr(spec.attempt))
+        self.stderr = Tee(err_read, _stderr_sink(), spec.paths.child_stderr(spec.attempt))
         # on several GPUs the child launches the ranks, and they send the beats (their pids are theirs)
         self.multi_gpu = launches_ranks(spec.train_args, spec.nodes)
         self.ranks: dict[int, Heartbeat] = {}  # each rank's newest record
@@ -179,10 +180,10 @@ class TrainerProcess:
         self.stderr.drain()
         return self.stderr.tail(since)
 
-    def kill(self) -> list[int]:
     def blocked_on_terminal(self) -> int | None:
         return tree.blocked_on_terminal(self.pid)
 
+    def kill(self) -> list[int]:
         left = tree.kill(self.pid, self.config.term_timeout, self.config.kill_timeout)
         try:
             self.proc.wait(timeout=1)
@@ -200,9 +201,7 @@ class TrainerProcess:
         tree.send(tree.members(self.pid), signal.SIGCONT)
 
 
-def _stderr_fd() -> int | None:
-    """Where the child's stderr is copied: this process's own stderr (None if it has none)."""
-    try:
-        return sys.stderr.fileno() if sys.stderr is not None else 2
-    except (OSError, ValueError, AttributeError):  # a notebook's or a test's stand-in: the real fd 2
-        return 2
+def _stderr_sink():
+    """Where the child's stderr is shown: where this process's ``sys.stderr`` goes (a Jupyter kernel's cell, or the
+    terminal on fd 2, never blocking on it: :func:`rocm_yolo.run.events.stderr_sink`)."""
+    return stderr_sink()

@@ -112,5 +112,5 @@ def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
             failures.name_dead_worker(e, [x for x in loaders if x is not None]),
             batch=getattr(trainer, "batch_size", None),  # Ultralytics may have halved it after out-of-memory errors
         )
-    log.event("finished", seconds=round(time.time() - started, 2))
+    log.event("trained", seconds=round(time.time() - started, 2))  # the run's "finished" is the supervisor's
     return OK

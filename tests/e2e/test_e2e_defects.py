@@ -66,11 +66,11 @@ def test_a_failed_run_leaves_a_folder_it_did_not_create_as_it_was(cli, tiny_data
 @pytest.fixture(scope="module")
 def final_runs(tmp_path_factory, tiny_data):
     """A 1-epoch run stopped (SIGTERM to its supervisor) while rewriting last.pt, one whose trainer is
-    SIGKILLed while rewriting best.pt, each halfway through the file, and one stopped during the final validation."""
+    SIGKILLed while rewriting last.pt, each halfway through the file, and one stopped during the final validation."""
     root = tmp_path_factory.mktemp("final")
     cli = Cli(root)
     out = {}
-    runs = (("stopped", "final-save-stop@last"), ("killed", "final-save-kill@best"), ("val", "final-val-stop"))
+    runs = (("stopped", "final-save-stop@last"), ("killed", "final-save-kill@last"), ("val", "final-val-stop"))
     for name, fault in runs:
         out[name] = cli.run(
             "train",
@@ -102,6 +102,9 @@ def test_a_stop_in_the_end_of_training_says_the_run_is_done_and_what_remains(fin
     assert not list(paths.weights.glob(".*.tmp")) and cli.leftovers() == []
     assert "resume with" not in r.stdout and "every epoch was trained and the weights are final" in r.stdout
     assert f"validate with yolo val model={paths.best}" in r.stdout
+    # stopped once last.pt was rewritten: best.pt was not, and the run says so
+    unstripped = "the end of training was cut short: best.pt still holds the optimizer"
+    assert (unstripped in r.stdout) == (name == "stopped"), r.stdout[-3000:]
     assert read_state(paths.run_dir).state == "finished" and paths.last_good.exists()
     status = Cli(tmp_path).run("status", str(paths.run_dir), timeout=60).stdout
     assert "state:     finished (the final validation was interrupted)" in status and "done after epoch 1/1" in status
@@ -118,8 +121,10 @@ def test_resuming_the_stopped_run_says_it_finished_and_writes_nothing(final_runs
     assert files_of(run) == before  # no spec-2.json, no moved file, supervisor.json as it was
 
 
-def test_a_sigkill_halfway_through_the_final_rewrite_is_finished_by_the_watchdog(final_runs):
-    root, _, out = final_runs
+def test_a_sigkill_halfway_through_the_final_rewrite_is_finished_by_the_watchdog(final_runs, tmp_path):
+    """The trainer SIGKILLed halfway through rewriting last.pt: the run is done, its half-written file is gone, and it
+    says what of the end of training did not happen (neither file stripped, the final validation not run)."""
+    root, cli, out = final_runs
     r = out["killed"]
     paths = RunPaths(root / "runs" / "detect" / "killed")
     assert r.returncode == 0 and "exited with code -9" in r.stdout, r.stdout[-3000:]
@@ -127,6 +132,16 @@ def test_a_sigkill_halfway_through_the_final_rewrite_is_finished_by_the_watchdog
     assert [p.name for p in paths.specs()] == ["spec-1.json"]  # decided from the checkpoint: no second trainer
     assert loads(paths.last) and loads(paths.best) and read_state(paths.run_dir).state == "finished"
     assert loads(paths.last_good)  # kept, with the optimizer: --resume RUN --epochs N trains on from it
+    assert not list(paths.weights.glob(".*.tmp")) and cli.leftovers() == []
+    assert f"the write of {paths.last} was cut short as the training process ended" in r.stdout
+    end = (
+        "the training process failed after the last epoch, in the end of training: last.pt and best.pt still hold "
+        "the optimizer (the end of training strips it; the weights load and predict as they are), and the final "
+        f"validation did not run; validate with yolo val model={paths.best} data="
+    )
+    assert end in r.stdout and r.stdout.index(end) < r.stdout.index("rocm-yolo: done: 1 epoch")
+    status = Cli(tmp_path).run("status", str(paths.run_dir), timeout=60).stdout
+    assert "the final validation did not run" in status, status
 
 
 # --------------------------------------------------------------------------- 3. cfg= into another run

@@ -44,6 +44,7 @@ def finished(tmp_path_factory, tiny_data):
     cli = Cli(root)
     r = cli.run("train", str(tiny_data), "--epochs", "1", "--name", "done", *TINY, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:]
+    assert not list((root / "runs" / "detect" / "done" / "weights").glob(".*.tmp"))  # a finished run keeps none
     yield root, root / "runs" / "detect" / "done"
     cli.kill_all()
 
@@ -124,7 +125,7 @@ def test_a_run_that_fails_before_its_first_epoch_leaves_a_reused_folder_as_it_wa
         assert r.returncode == errors.INTERNAL, r.stdout[-3000:]
     assert (mine / "results.csv").read_text() == "epoch,loss\n1,0.5\n"
     assert not list(mine.rglob("trainer-*.txt")) and not (mine / "results.before-run.csv").exists()
-    assert cli.leftovers() == []
+    assert not list(mine.rglob(".*.tmp")) and cli.leftovers() == []
 
 
 def test_results_csv_has_each_epoch_once(finished):

@@ -5,13 +5,16 @@ records the image files of every batch. A run that writes checkpoints every 6 ba
 middle of a checkpoint write in epoch 2 (still in warm-up) and resumed with ``--resume``, must end with the
 reference's weights and losses; a copy of it resumed with another batch starts at the epoch boundary; a worker
 hang under ``fast`` is resumed by the watchdog inside the epoch, on another profile, with the reference's samples
-in the reference's order and at most the interval plus one batch trained again.
+in the reference's order and at most the interval plus one batch trained again. A stop (SIGTERM to the supervisor)
+in the middle of a checkpoint's write waits for it, or, when the write outlasts the grace the tree gets, its
+temporary file goes (the plugin ``midsave_stop`` beside this file). No run leaves a temporary file.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shutil
 import signal
@@ -150,10 +153,11 @@ def test_a_kill_during_the_write_leaves_the_previous_checkpoint_which_loads_in_p
     paths = RunPaths(run)
     [(epoch, done, mid)] = paths.mid_checkpoints()
     assert (epoch, done) == (2, 6) and checkpoints.verify(mid) is None
-    # the killed write, never renamed into place: at batch 12, or later if the write of batch 6 was still running
-    [partial] = (run / "weights").glob(".ep2-ba*.pt.*.tmp")
-    assert int(re.match(r"\.ep2-ba(\d+)\.pt\.", partial.name)[1]) >= 12
-    assert checkpoints.verify(partial) is not None
+    # the killed write, never renamed into place: at batch 12, or later if the write of batch 6 was still running;
+    # its temporary file went with the tree, and the run said so
+    [cut] = events(run, "write_cut_short")
+    assert int(re.fullmatch(r"ep2-ba(\d+)\.pt", cut["target"])[1]) >= 12
+    assert not list(paths.weights.glob(".*.tmp")) and not (paths.weights / cut["target"]).exists()
     with zipfile.ZipFile(mid) as z:  # unpickling it needs no rocm-yolo class: plain types and tensors only
         pickled = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
     assert b"rocm_yolo." not in pickled and b"rocm_yolo_mid_epoch" in pickled
@@ -213,6 +217,46 @@ def test_another_batch_resumes_at_the_epoch_boundary_and_says_so(runner, killed)
     ) in out
     assert f"resuming {copy / 'weights' / 'last.pt'} from epoch 2/3" in out
     assert runner.leftovers() == []
+
+
+@pytest.mark.parametrize("write", [2, 60], ids=["waited-for", "cut-short"])
+def test_a_stop_during_a_mid_epoch_checkpoints_write_waits_for_it_or_leaves_no_temporary_file(runner, data, write):
+    """SIGTERM to the supervisor (Ctrl-C, scancel) while the first mid-epoch checkpoint is half written: the trainer
+    ends only once the write did (2 s more), and the checkpoint is there, whole; a write longer than the tree's grace
+    (8 s: SIGTERM, then SIGKILL) is cut short, and its temporary file goes with the tree, said in one line."""
+    run = runner.cwd / "runs" / f"midsave-stop-{write}"
+    plugin = {
+        "ROCM_YOLO_PLUGINS": "midsave_stop",
+        "PYTHONPATH": os.pathsep.join(x for x in (str(Path(__file__).parent), os.environ.get("PYTHONPATH")) if x),
+        "ROCM_YOLO_TEST_MIDSAVE_STOP": str(write),
+    }
+    r = runner.run(
+        "train",
+        str(data),
+        *SAME,
+        "--epochs",
+        "1",
+        "--profile",
+        "single",
+        "--checkpoint-every",
+        "4ba",
+        "--project",
+        str(run.parent),
+        "--name",
+        run.name,
+        env=plugin,
+    )
+    paths = RunPaths(run)
+    assert r.returncode == 143 and (paths.state / "midsave-stop.fired").exists(), r.stdout[-3000:]
+    assert not list(paths.weights.glob(".*.tmp")) and runner.leftovers() == []
+    target = paths.mid_checkpoint(1, 4)
+    if write == 2:
+        assert checkpoints.verify(target) is None and [e["batch"] for e in events(run, "mid_checkpoint")] == [4]
+        assert "resume with: rocm-yolo train --resume" in r.stdout and not events(run, "write_cut_short")
+    else:
+        assert not target.exists() and not events(run, "mid_checkpoint")
+        line = f"the write of {target} was cut short as the training process ended: its temporary file is removed"
+        assert line in r.stdout
 
 
 def test_a_worker_hang_resumes_inside_the_epoch_with_the_same_samples(runner, data, reference):

@@ -10,6 +10,7 @@ runs in a session of its own).
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import sys
@@ -58,6 +59,11 @@ def test_a_stop_in_the_middle_of_an_epochs_save_leaves_last_pt_whole_and_resumab
     assert torch.load(paths.last, map_location="cpu", weights_only=False)["epoch"] == 1  # 0-based: epoch 2
     assert not list(paths.weights.glob(".*.tmp")) and cli.leftovers() == []
     assert f"resume with: rocm-yolo train --resume {paths.last}" in r.stdout
+    status = cli.run("status", str(run), timeout=60).stdout  # where it was heard, and what a resume starts from
+    assert "state:     interrupted" in status and "progress:  epoch 2/3" in status
+    assert "resume:    from the start of epoch 3/3 (weights/last.pt)" in status
+    [stopped] = events(run, "stopped")
+    assert stopped["epoch"] == 2 and stopped["exit_code"] == errors.TERMINATED  # the stop says where the run was
     r = cli.run("train", "--resume", str(paths.last), timeout=300)
     assert r.returncode == 0, r.stdout[-3000:]
     assert epochs_in(run) == [1, 2, 3] and "done: epoch 3 in" in r.stdout
@@ -80,7 +86,7 @@ def test_under_nohup_a_hangup_does_not_stop_the_run(cli, tiny_data, tmp_path):
 def test_ctrl_z_stops_the_whole_training_tree_and_it_goes_on_when_continued(cli, tiny_data, tmp_path):
     """Ctrl-Z (SIGTSTP to the job): the supervisor stops the training tree (trainer, DataLoader workers, fork server)
     and itself, so nothing trains or burns the CPU while the job is stopped; continued (fg/bg: SIGCONT to the job),
-    the tree goes on, the run finishes, and the pause is no hang."""
+    the tree goes on, the run finishes, and the pause is no hang, nor part of the time "done: ... in N s" says."""
     run = tmp_path / "runs" / "detect" / "z"
     args = ("train", str(tiny_data), "--epochs", "2", "--workers", "2", "--name", "z", *TINY)
     proc = cli.start(*args, start_new_session=True)
@@ -104,6 +110,10 @@ def test_ctrl_z_stops_the_whole_training_tree_and_it_goes_on_when_continued(cli,
     assert r.returncode == 0, r.stdout[-3000:]
     assert epochs_in(run) == [1, 2] and len(events(run, "suspended")) == len(events(run, "continued")) == 1
     assert read_state(run).hangs == [] and cli.leftovers() == []
+    (started,), (finished,) = events(run, "started"), events(run, "finished")
+    stopped = events(run, "continued")[0]["time"] - events(run, "suspended")[0]["time"]  # 3 s and more
+    said = float(re.search(r"done: 2 epochs in ([\d.]+) s", r.stdout)[1])
+    assert said <= finished["time"] - started["time"] - stopped + 1.5, (said, stopped)  # the time stopped is not in it
 
 
 def test_a_terminal_that_goes_away_is_no_training_failure(cli, tiny_data, tmp_path):

@@ -123,6 +123,11 @@ def test_interrupt_stops_everything_then_resume_on_a_safer_profile(cli, tiny_dat
     assert f"resume with: rocm-yolo train --resume {weights / 'last.pt'}" in out
     done = epochs_in(run)
     assert done and done == list(range(1, len(done) + 1)) and len(done) < 4
+    # status: where the run was last heard, and what a resume starts from (last.pt's epochs, not the heartbeat's)
+    status = cli.run("status", str(run), timeout=60).stdout
+    beat = heartbeat.read(RunPaths(run).heartbeat)
+    assert f"progress:  epoch {beat.epoch}/4, {beat.phase} batch {beat.batch}/{beat.batches}" in status
+    assert f"resume:    from the start of epoch {summary(weights / 'last.pt').epoch + 2}/4 (weights/last.pt)" in status
 
     # A kill in the middle of a save leaves last.pt truncated: resume must not lose the run.
     good = summary(weights / GOOD_NAME).epoch + 1  # the epochs the verified copy holds (results.csv may hold more)

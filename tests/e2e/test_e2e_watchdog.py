@@ -13,23 +13,25 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from helpers import TINY, epochs_in, events, rocm_lines
+from helpers import TINY, epochs_in, events, kernel_line, rocm_lines, with_kernel_log
 from rocm_yolo.process import tree
 from rocm_yolo.run import checkpoints, heartbeat
+from rocm_yolo.run.events import read_events
 from rocm_yolo.run.paths import RunPaths
 
 pytestmark = pytest.mark.e2e
 
 
 STALL = 10  # --stall-timeout for these tests (the default is 180 s)
-SEAM = Path(__file__).resolve().parents[1] / "seams"
 
 
 WATCH = ["--stall-timeout", str(STALL), "--startup-grace", "90", "--workers", "2", "prefetch_factor=1"]
@@ -44,31 +46,51 @@ def check_recovered(cli, r, run: Path, epochs: int, hung_at: float | None = None
     assert checkpoints.verify(run / "weights" / "last.pt") is None
     if hung_at is not None:
         [hang] = events(run, "hang")
-        assert hang["time"] - hung_at <= STALL + 10, "detected within the stall timeout plus 10 s"
+        assert hang["detected"] - hung_at <= STALL + 10, "detected within the stall timeout plus 10 s"
         return hang
     return restart
 
 
-def with_kernel_log(cli, tmp_path) -> Path:
-    """Point the supervisor of ``cli``'s runs at a kernel log the test writes (tests/seams)."""
-    log = tmp_path / "kern.log"
-    log.write_text("")
-    cli.env["PYTHONPATH"] = os.pathsep.join(x for x in (str(SEAM), os.environ.get("PYTHONPATH")) if x)
-    cli.env["ROCM_YOLO_TEST_KERNEL_LOG"] = str(log)
-    return log
-
-
-def kernel_line(text: str) -> str:
-    """``text`` as the kernel logged it now (journalctl -o short-unix)."""
-    return f"{time.time():.6f} testhost kernel: {text}\n"
-
-
-def notify_script(tmp_path) -> tuple[str, Path]:
-    """A notify command that writes the JSON it is given into a file: (the command, the file)."""
+def notify_script(tmp_path, metrics: Path | None = None) -> tuple[str, Path]:
+    """A notify command that writes the JSON it is given into a file: (the command, the file). With ``metrics``, it
+    also copies that file as the K-th event finds it, to ``heard.jsonl.K.prom``."""
     script, heard = tmp_path / "notify.sh", tmp_path / "heard.jsonl"
-    script.write_text('#!/bin/sh\ncat >> "$1"\n')
+    script.write_text('#!/bin/sh\ncat >> "$1"\n[ -z "$2" ] || cp "$2" "$1.$(wc -l < "$1" | tr -d " ").prom"\n')
     script.chmod(0o755)
-    return f"{script} {heard}", heard
+    return f"{script} {heard}" + (f" {metrics}" if metrics else ""), heard
+
+
+def check_events_and_metrics(run: Path, heard: Path) -> None:
+    """events.jsonl in time order, with one "finished" (the trainer's record of its own end is "trained"); the final
+    metrics.prom as Prometheus reads it (prometheus_client's parser; promtool where installed), its timestamps
+    those of the last heartbeat and of its write, and the same restart series from the first write (as the
+    "started" event found it) to the last."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    written = read_events(RunPaths(run).events)
+    for pid in {e["pid"] for e in written}:  # one process's events: in order
+        assert [e["time"] for e in written if e["pid"] == pid] == sorted(e["time"] for e in written if e["pid"] == pid)
+    times = [e["time"] for e in written]  # two processes': a time stamp and its append may cross by microseconds
+    assert all(later >= earlier - 0.05 for earlier, later in zip(times, times[1:])), written
+    assert len(events(run, "finished")) == len(events(run, "trained")) == 1
+    assert not [e for e in written if None in (e.get("epoch", 0), e.get("batch", 0))]
+
+    def read(text: str) -> dict:
+        return {
+            (s.name, s.labels.get("class")): s.value for f in text_string_to_metric_families(text) for s in f.samples
+        }
+
+    metrics = RunPaths(run).metrics
+    final, first = read(metrics.read_text()), read(Path(f"{heard}.1.prom").read_text())
+    beat = json.loads(RunPaths(run).heartbeat.read_text())
+    assert abs(final[("rocm_yolo_heartbeat_timestamp_seconds", None)] - beat["time"]) < 1
+    assert abs(final[("rocm_yolo_metrics_timestamp_seconds", None)] - metrics.stat().st_mtime) < 1
+    restarts = [{k[1]: v for k, v in found.items() if k[0] == "rocm_yolo_restarts_total"} for found in (first, final)]
+    assert set(restarts[0]) == set(restarts[1]) and len(restarts[1]) == 10 and set(restarts[0].values()) == {0}
+    assert restarts[1]["loader"] == 1 and sum(restarts[1].values()) == 1
+    if shutil.which("promtool"):
+        r = subprocess.run(["promtool", "check", "metrics"], input=metrics.read_text(), capture_output=True, text=True)
+        assert r.returncode == 0 and not (r.stdout + r.stderr).strip(), r.stdout + r.stderr
 
 
 def stacks(run: Path) -> str:
@@ -79,7 +101,7 @@ def stacks(run: Path) -> str:
 @pytest.mark.lowerbound
 def test_worker_blocking_forever_mid_run(cli, tiny_data, tmp_path):
     run = tmp_path / "runs" / "detect" / "train"
-    notify, heard = notify_script(tmp_path)
+    notify, heard = notify_script(tmp_path, RunPaths(run).metrics)
     r = cli.run(
         "train", str(tiny_data), "--epochs", "3", *WATCH, *TINY, "--notify", notify,
         env={"ROCM_YOLO_FAULT": "worker-hang@2:1"},
@@ -91,6 +113,8 @@ def test_worker_blocking_forever_mid_run(cli, tiny_data, tmp_path):
     assert [e["event"] for e in told] == ["started", "hang", "restart", "finished"]
     assert told[1]["class"] == "loader" and told[1]["epoch"] == 2 and told[2]["profile"] == "safe"
     assert told[3]["exit_code"] == 0 and {e["run"] for e in told} == {str(run)}
+    assert told[2]["epoch"] == 2 and told[3]["epoch"] == 3 and hang["detected"] <= hang["time"]  # where the run was
+    check_events_and_metrics(run, heard)
     assert "DataLoader hang (the trainer waits for a batch that never comes) at epoch 2/3" in r.stdout
     text = stacks(run)
     assert "class: loader" in text.split("--- rocm-yolo diagnosis:")[1]

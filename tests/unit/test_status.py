@@ -205,3 +205,71 @@ def test_a_multi_node_run_shows_every_node_and_its_ranks(tmp_path):
     later = write_run(tmp_path, age=1).supervisor.stat().st_mtime + 10
     os.utime(RunPaths(node0.run_dir, None).supervisor, (later, later))  # later trained on by one machine alone
     assert "nodes" not in status.collect(node0.run_dir, now=NOW)
+
+
+# --------------------------------------------------------------------------- what a resume starts from
+
+
+def checkpoint(path, epoch: int, *, mid: bool = False, age: float = 0.0):
+    """A checkpoint dict as Ultralytics (or rocm-yolo, mid-epoch) writes one, without tensors."""
+    import pickle
+
+    from helpers import fake_checkpoint
+
+    ckpt = {"epoch": epoch, "train_args": {"epochs": 3, "task": "detect"}}
+    if mid:
+        ckpt["rocm_yolo_mid_epoch"] = {"epoch": epoch + 1, "batch": 10}
+    return fake_checkpoint(path, payload=pickle.dumps(ckpt), age=age)
+
+
+def files(root) -> dict:
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.read_bytes()) for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_stopped_run_shows_where_it_was_heard_and_what_a_resume_starts_from(tmp_path):
+    """Heard last at epoch 2, batch 12; last.pt holds epoch 1 only: a resume trains epoch 2 from its start."""
+    paths = write_run(tmp_path, state="interrupted")
+    checkpoint(paths.last, 0)  # 0-based: epoch 1 done
+    info = status.collect(paths.run_dir, now=NOW)
+    assert info["resume"] == {"checkpoint": str(paths.last), "note": None, "epoch": 2, "batch": 0, "epochs": 3}
+    text = status.render(info)
+    assert "progress:  epoch 2/3, train batch 12/16" in text
+    assert "resume:    from the start of epoch 2/3 (weights/last.pt)" in text
+    checkpoint(paths.mid_checkpoint(2, 10), 0, mid=True)  # newer than last.pt: the newest valid checkpoint
+    os.utime(paths.last, (NOW - 100, NOW - 100))
+    assert "resume:    from epoch 2/3, batch 10 (weights/ep2-ba10.pt)" in status.render(status.collect(paths.run_dir))
+
+
+def test_the_resume_is_what_resume_would_take_and_status_changes_nothing(tmp_path):
+    """A damaged last.pt: a resume takes the verified copy (and would move the damaged file aside: status does not);
+    a damaged mid-epoch checkpoint is skipped."""
+    paths = write_run(tmp_path, state="failed")
+    checkpoint(paths.last_good, 0)
+    paths.last.write_bytes(paths.last_good.read_bytes()[:100])  # cut short by a kill in its save
+    paths.mid_checkpoint(2, 14).write_bytes(b"PK\x03\x04 cut short")
+    before = files(tmp_path)
+    info = status.collect(paths.run_dir, now=NOW)
+    assert info["resume"]["checkpoint"] == str(paths.last_good) and "verified copy" in info["resume"]["note"]
+    assert "resume:    from the start of epoch 2/3 (weights/last_good.pt)" in status.render(info)
+    assert files(tmp_path) == before
+
+
+def test_a_stopped_run_with_nothing_to_resume_says_why_and_a_live_or_finished_run_says_nothing(tmp_path):
+    paths = write_run(tmp_path, state="interrupted")
+    text = status.render(status.collect(paths.run_dir, now=NOW))
+    assert f"resume:    none (checkpoint not found: {paths.last})" in text
+    checkpoint(paths.last, 0)
+    for state, phase in (("running", "train"), ("finished", "done")):
+        paths = write_run(tmp_path, state=state, phase=phase)
+        info = status.collect(paths.run_dir, now=NOW)
+        assert "resume" not in info and "resume:" not in status.render(info)
+    paths = write_run(tmp_path, state="running", supervisor_pid=2**22 + 1)  # its supervisor is gone: stopped
+    assert "resume:    from the start of epoch 2/3" in status.render(status.collect(paths.run_dir, now=NOW))
+
+
+def test_a_multi_node_run_shows_the_runs_resume_once(tmp_path):
+    node0 = write_run(tmp_path, node=0, state="interrupted")
+    write_run(tmp_path, node=1, state="interrupted")
+    checkpoint(RunPaths(node0.run_dir).last, 1)
+    text = status.render(status.collect(node0.run_dir, now=NOW))
+    assert "node 1:" in text and text.count("resume:") == 1 and "resume:    from the start of epoch 3/3" in text

@@ -26,7 +26,7 @@ The launcher stays between the supervisor and ``torch.distributed.run``:
   (``PR_SET_PDEATHSIG``), and each rank dies with it. A SIGKILL anywhere leaves no rank running.
 - **more than one machine**: the same on each node, with torch's c10d rendezvous instead of
   ``--master_port`` (:mod:`.rendezvous`: the round, the wait, a rendezvous tried again, the nodes
-  that did not come).
+  that did not come, a node that stopped for good: :data:`rocm_yolo.errors.NODES_MISSING`, the run ends).
 
 This module does not import torch.
 """
@@ -220,6 +220,8 @@ def launch(spec: RunSpec, spec_path: str, log: RunLog) -> int:
         _remove(fifo, tmp)
     if stopped:
         return 128 + stopped
+    if meeting is not None and meeting.halted is not None:  # another node stopped for good: its supervisor says so
+        return errors.NODES_MISSING
     if meeting is not None and meeting.missed(code, relay.heard):
         return meeting.give_up()
     return outcome(code, relay.exits, ranks)

@@ -19,6 +19,10 @@ Each node's launcher starts its node's agent, as ``torchrun`` would be started o
   tried again in the same round until then. When the time is up, the nodes whose file does not
   show them waiting in this round are the missing ones: :meth:`Meeting.give_up` names them, and the
   run ends (exit 1).
+- **A node that stopped for good** (an internal error, a broken environment: no restart of its own) says so
+  in ``round.json`` (:func:`rocm_yolo.run.devices.record_stop`). The launcher reads it every few seconds while
+  torch's launcher runs, waiting at the rendezvous or training: once it is there, this node's agent and ranks
+  are stopped (:attr:`Meeting.halted`), and the node's supervisor stops with that node's exit code.
 - **Success is the run's own**: every rank of this node ended its training (exit 0). The agent that
   did not host the store may exit 1 at the end (``DistNetworkError``) although training finished
   (:func:`rocm_yolo.trainer.agent.launcher.outcome`).
@@ -28,12 +32,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 
 from rocm_yolo import errors
 from rocm_yolo.run.atomic import write_atomic
+from rocm_yolo.run.devices import NodeStop, stopped_node
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.trainer.agent.torchrun import RENDEZVOUS_FAILED, RENDEZVOUS_TIMEOUT
@@ -41,6 +47,7 @@ from rocm_yolo.trainer.agent.torchrun import RENDEZVOUS_FAILED, RENDEZVOUS_TIMEO
 MARK_EVERY = 5.0  # seconds between rewrites of node-K/rendezvous.json while this node waits
 STALE_AFTER = 30.0  # a node whose file is older than this one's by more than that is not waiting
 AGAIN_AFTER = 2.0  # seconds before trying a failed rendezvous again
+HALT_GRACE = 40.0  # seconds torch's launcher gets to stop its ranks (it gives them 30) after another node stopped
 
 
 def rendezvous_id(round_number: int) -> str:
@@ -55,6 +62,8 @@ class Meeting:
         self.clock = clock
         self.deadline = clock() + self.nodes.timeout
         self.tries = 0
+        self.halted: NodeStop | None = None  # another node stopped for good: this node's tree goes
+        self._halted_at = 0.0
 
     def describe(self, ranks: int) -> str:
         n = self.nodes
@@ -101,18 +110,32 @@ class Meeting:
             pass  # only the line naming a missing node reads it
 
     def wait(self, proc: subprocess.Popen, heard) -> int:
-        """Wait for torch's launcher to exit, marking this node as waiting while none of its ranks runs."""
+        """Wait for torch's launcher to exit, marking this node as waiting while none of its ranks runs; once another
+        node stopped for good, stop it (SIGTERM: it stops its ranks; SIGKILL after :data:`HALT_GRACE`)."""
         while True:
             if not heard():
                 self.mark()
+            self._halt(proc)
             try:
                 return proc.wait(timeout=MARK_EVERY)
             except subprocess.TimeoutExpired:
                 continue
 
+    def _halt(self, proc: subprocess.Popen) -> None:
+        if self.halted is not None:
+            if self.clock() - self._halted_at > HALT_GRACE:
+                proc.kill()
+            return
+        found = stopped_node(self.paths)
+        if found is None or found.node == self.nodes.node:
+            return
+        self.halted, self._halted_at = found, self.clock()
+        self.log.event("node_stop_seen", node=found.node, exit_code=found.exit_code, round=self.nodes.round)
+        proc.send_signal(signal.SIGTERM)
+
     def again(self, code: int, heard: bool) -> bool:
         """Whether to try the rendezvous again: it failed before any rank of this node ran, with time left."""
-        if code != RENDEZVOUS_FAILED or heard or self.clock() + AGAIN_AFTER >= self.deadline:
+        if code != RENDEZVOUS_FAILED or heard or self.halted is not None or self.clock() + AGAIN_AFTER >= self.deadline:
             return False
         self.log.event("rendezvous_again", round=self.nodes.round, tries=self.tries)  # torchrun.log says why
         time.sleep(AGAIN_AFTER)

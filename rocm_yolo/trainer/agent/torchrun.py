@@ -15,10 +15,16 @@ On more than one machine the rendezvous can fail too, and the launcher decides w
 :data:`RENDEZVOUS_FAILED` for any other failure of the rendezvous or its store (the store went
 away with the agent of an old round that hosted it, a closed round; also at the end, when the
 agent that hosted the store has exited first: ``DistNetworkError``).
+
+Once every rank of this node ended its training (torch's agent enters its exit barrier), what the agent still
+writes to stderr is its teardown's: on the node that did not host the rendezvous' store, c10d's
+``recvVector failed`` warning with its C++ frames, as the agent that hosted it has gone first. It goes into LOG
+from then on, not to the terminal (:func:`_teardown_into`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -51,6 +57,7 @@ def main(argv: list[str]) -> int:
             logger.propagate = True
     reports.handlers[:] = [handler]
     reports.propagate = False
+    _teardown_into(log_path)
     sys.argv = ["torch.distributed.run", *args]
     try:
         run.main(args)
@@ -69,6 +76,34 @@ def main(argv: list[str]) -> int:
     except Exception as e:  # the rendezvous failed (the port was taken meanwhile), ...: a crash, restarted
         return _failed(reports, e, log_path)
     return 0
+
+
+def _teardown_into(log_path: str) -> None:
+    """From the moment this node's ranks all ended their training (torch's agent enters its exit barrier), its
+    stderr goes into ``log_path``: what the agent writes then is its teardown's (a store the other node's agent took
+    with it), harmless, and the ranks, which share that stderr, are gone. Nothing changes where torch has no such
+    method."""
+    try:
+        from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    except Exception:
+        return
+    barrier = SimpleElasticAgent.__dict__.get("_exit_barrier")
+    if barrier is None or getattr(barrier, "__rocm_yolo_patch__", False):
+        return
+
+    @functools.wraps(barrier)
+    def _exit_barrier(self, *args, **kwargs):
+        try:
+            sys.stderr.flush()
+            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.dup2(fd, 2)
+            os.close(fd)
+        except OSError:
+            pass
+        return barrier(self, *args, **kwargs)
+
+    _exit_barrier.__rocm_yolo_patch__ = True
+    SimpleElasticAgent._exit_barrier = _exit_barrier
 
 
 def _failed(reports: logging.Logger, error: Exception, log_path: str) -> int:

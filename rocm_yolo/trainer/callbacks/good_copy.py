@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
+from rocm_yolo.process.lifecycle import uninterrupted
 from rocm_yolo.run import checkpoints
 from rocm_yolo.run.events import RunLog
 
@@ -56,7 +57,8 @@ class GoodCopy:
 
     def wait(self) -> None:
         if self.copier is not None:
-            self.copier.join()
+            with uninterrupted():  # a stop raised in join() would leave the copy half written (python/cpython#90882)
+                self.copier.join()
             self.copier = None
 
     def _copy(self, last: Path, epoch: int) -> None:

@@ -9,6 +9,13 @@ write is still running when the next one is due, that one is put off to the firs
 after the write ends (a slow disk never stalls training). After an epoch's ``last.pt`` is
 saved and verified, that epoch's mid-epoch files go. What a checkpoint holds:
 :mod:`.capture` and :class:`~rocm_yolo.run.midepoch.MidEpochState`.
+
+**A stop waits for the write in progress.** The writer is no daemon thread, so the trainer's exit
+(SIGTERM: ``SystemExit`` on the main thread) waits for it. The one place where the main thread
+itself waits for it, :meth:`MidEpochSave.join`, is an :func:`~rocm_yolo.process.lifecycle.uninterrupted`
+block: the stop comes when the write has ended. A ``Thread.join`` of CPython before 3.13 that a signal
+handler's exception interrupts takes the thread for ended (python/cpython#90882), and the exit then
+did not wait: the write was cut short and left its temporary file.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from pathlib import Path
 import torch
 
 from rocm_yolo.patches import trainloop
+from rocm_yolo.process.lifecycle import uninterrupted
 from rocm_yolo.run import checkpoints, hooks
 from rocm_yolo.run.atomic import remove_temporaries, write_atomic
 from rocm_yolo.run.events import RunLog
@@ -178,8 +186,10 @@ class MidEpochSave:
         self.join()
 
     def join(self) -> None:
+        """Wait for the write in progress; a stop that comes meanwhile comes after it."""
         if self.writer is not None:
-            self.writer.join()
+            with uninterrupted():  # never a join interrupted by the stop's SystemExit (python/cpython#90882)
+                self.writer.join()
             self.writer = None
 
     # saving --------------------------------------------------------------------------------

@@ -1,11 +1,15 @@
-"""Notify commands in the background (bounded, their failures said once, none left) and a child's stderr kept."""
+"""Notify commands in the background (bounded, their failures said once, none left) and a child's stderr kept
+(and shown, also on a paused terminal)."""
 
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
+import termios
 import time
+import tty
 
 import psutil
 
@@ -120,3 +124,30 @@ def test_the_tail_splits_at_a_mark_what_came_before_from_what_came_after():
     assert earlier == "" and after == "y" * 79 + "\n"
     os.close(write_end)
     tee.done.wait(10)
+
+
+def test_a_paused_terminal_keeps_neither_the_tee_nor_the_child_waiting_and_gets_it_all_later(tmp_path):
+    """Ctrl-S on the terminal (TCOOFF on a real pseudo-terminal): the child writes four times what its stderr pipe
+    holds and exits, the Tee keeps all of it (file and tail); once the terminal takes output again (TCOON) it shows
+    every byte, in order."""
+    master, slave = os.openpty()
+    tty.setraw(slave)  # no newline translation
+    termios.tcflow(slave, termios.TCOOFF)
+    read_end, write_end = os.pipe()
+    kept = tmp_path / "child.stderr"
+    tee = Tee(read_end, slave, kept)
+    code = "import os; [os.write(2, b'%05d ' % i + b'y' * 250 + b'\\n') for i in range(1000)]"  # 256 KB
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=write_end)
+    os.close(write_end)
+    assert proc.wait(timeout=60) == 0  # never blocked on its pipe
+    assert tee.done.wait(10)  # the pipe copied to its end
+    expected = b"".join(b"%05d " % i + b"y" * 250 + b"\n" for i in range(1000))
+    assert kept.read_bytes() == expected and tee.tail()[1].endswith("00999 " + "y" * 250 + "\n")
+    assert not select.select([master], [], [], 0.2)[0]  # the paused terminal showed nothing yet
+    termios.tcflow(slave, termios.TCOON)
+    shown = b""
+    while len(shown) < len(expected) and select.select([master], [], [], 10)[0]:
+        shown += os.read(master, 65536)
+    assert shown == expected
+    os.close(slave)
+    os.close(master)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rocm_yolo.run.atomic import copy_atomic, remove_temporaries, temporary, write_atomic
+from rocm_yolo.run.atomic import Temporary, copy_atomic, remove_temporaries, temporaries, temporary, write_atomic
 
 
 def test_text_bytes_and_a_writer_function(tmp_path):
@@ -51,6 +51,24 @@ def test_a_writer_killed_mid_write_leaves_the_old_file_and_a_temporary_that_is_r
     [left] = [p for p in tmp_path.iterdir() if p != path]
     assert left.name.startswith(".ep1-ba4.pt.") and left.read_bytes() == b"half"
     assert remove_temporaries(tmp_path) == [left] and list(tmp_path.iterdir()) == [path]
+
+
+def test_a_temporary_file_says_whose_write_it_is(tmp_path, monkeypatch):
+    """The pid of its writer, and on more than one machine the node: two machines can have the same pid."""
+    monkeypatch.delenv("ROCM_YOLO_NODE", raising=False)
+    mine = temporary(tmp_path / "last.pt")
+    assert mine.name == f".last.pt.{os.getpid()}.tmp"
+    monkeypatch.setenv("ROCM_YOLO_NODE", "1")
+    node = temporary(tmp_path / "ep2-ba12.pt")
+    assert node.name == f".ep2-ba12.pt.n1-{os.getpid()}.tmp"
+    for path in (mine, node, tmp_path / ".last_good.pt.12.tmp", tmp_path / "last.pt", tmp_path / ".x.tmp"):
+        path.write_bytes(b"")
+    assert temporaries(tmp_path) == [
+        Temporary(node, "ep2-ba12.pt", os.getpid(), 1),
+        Temporary(mine, "last.pt", os.getpid(), None),
+        Temporary(tmp_path / ".last_good.pt.12.tmp", "last_good.pt", 12, None),
+    ]
+    assert temporaries(tmp_path / "missing") == []
 
 
 def test_copy_is_atomic_too(tmp_path):

@@ -5,7 +5,16 @@ from __future__ import annotations
 import json
 
 from rocm_yolo.run import devices
-from rocm_yolo.run.devices import Nodes, Round, join_round, mark_round_started, read_round
+from rocm_yolo.run.devices import (
+    Nodes,
+    NodeStop,
+    Round,
+    join_round,
+    mark_round_started,
+    read_round,
+    record_stop,
+    stopped_node,
+)
 from rocm_yolo.run.heartbeat import parse
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.profiles import resolve
@@ -80,6 +89,32 @@ def test_nodes_meet_in_the_round_the_others_wait_in_and_move_on_together(tmp_pat
     assert join_round(paths, "fast") == Round(3, "safe")
     # a node whose round failed before it started opens the next one after it
     assert join_round(paths, "single", after=3) == Round(4, "single")
+
+
+def test_a_node_that_stops_for_good_says_so_in_the_round_and_a_users_start_opens_a_round_without_it(tmp_path):
+    paths = RunPaths(tmp_path)
+    join_round(paths, "fast")
+    mark_round_started(paths, 1)
+    stop = NodeStop(1, 123, "internal error: KeyError: 'x'")
+    assert record_stop(paths.for_node(1), stop, 1, "fast") == stop
+    assert read_round(paths) == Round(1, "fast", True, stop) and stopped_node(paths) == stop
+    # node 0, stopping because node 1 did, says nothing new: the first stop stays
+    assert record_stop(paths, NodeStop(0, 1, "a crash"), 1, "fast") == stop
+    # a watchdog restart meets the stop (its caller stops); a late mark of a round keeps it
+    assert join_round(paths, "safe", after=1) == Round(1, "fast", True, stop)
+    mark_round_started(paths, 1)
+    assert stopped_node(paths) == stop
+    # the user starts every node again: the first opens a new round without the stop, the other joins it
+    assert join_round(paths, "fast") == Round(2, "fast") == join_round(paths.for_node(1), "fast")
+    assert stopped_node(paths) is None
+    # a node stops while the others wait in a round that has not started: it is said in that round
+    record_stop(paths.for_node(1), stop, 2, "fast")
+    assert read_round(paths) == Round(2, "fast", False, stop)
+    # without a round file (unreadable), the stop makes one
+    paths.round.unlink()
+    assert record_stop(paths, NodeStop(0, 4, "environment error: disk full"), 5, "safe").node == 0
+    assert read_round(paths) == Round(5, "safe", True, NodeStop(0, 4, "environment error: disk full"))
+    assert stop.describe(2) == "node 1 of 2 stopped for good (exit 123: internal error: KeyError: 'x')"
 
 
 def test_a_damaged_round_file_is_no_round(tmp_path):

@@ -1,21 +1,25 @@
 """More than one machine, the launcher's side: torch's launcher with the c10d rendezvous, the wait, a rendezvous
-tried again, the nodes that did not come, success judged by the ranks; the ranks' world size; faults aimed at a node."""
+tried again, the nodes that did not come, a node that stopped for good, success judged by the ranks, torch's agent
+quiet once its ranks finished; the ranks' world size; faults aimed at a node."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 import types
 
 from rocm_yolo import errors
-from rocm_yolo.run.devices import Nodes
+from rocm_yolo.run.devices import Nodes, NodeStop, join_round, record_stop
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.profiles import resolve
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.testing import faults
-from rocm_yolo.trainer.agent import launcher, ranks
+from rocm_yolo.trainer.agent import launcher, ranks, rendezvous
 from rocm_yolo.trainer.agent.rendezvous import Meeting
 from rocm_yolo.trainer.agent.torchrun import RENDEZVOUS_FAILED, RENDEZVOUS_TIMEOUT
 
@@ -93,6 +97,57 @@ def test_the_nodes_missing_are_those_not_waiting_in_this_round(tmp_path):
     [line] = lines
     assert line.startswith("node 2 and node 3 of 4 did not come to the rendezvous at head:29400 within 100 s")
     assert f"rocm-yolo train --resume {tmp_path}" in line and "\n" not in line
+
+
+def test_once_another_node_stopped_for_good_this_nodes_agent_is_stopped_waiting_or_training(tmp_path):
+    """round.json says node 1 stopped for good: node 0's launcher stops torch's launcher (SIGTERM; SIGKILL after
+    the grace) within one look, tries no rendezvous again, and the launch ends as the nodes' meeting does."""
+    spec = node_spec(tmp_path, node=0, count=2, round_number=2)
+    join_round(spec.paths, "fast", after=1)
+    clock = Clock()
+    meeting = Meeting(spec, quiet(), clock=clock)
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        record_stop(spec.paths.for_node(0), NodeStop(0, 1, "mine"), 2, "fast")  # its own stop: not a reason
+        meeting._halt(agent)
+        assert agent.poll() is None and meeting.halted is None
+        spec.paths.round.unlink()
+        join_round(spec.paths, "fast", after=1)
+        record_stop(spec.paths.for_node(1), NodeStop(1, errors.INTERNAL, "internal error: KeyError"), 2, "fast")
+        assert meeting.wait(agent, heard=lambda: False) == -signal.SIGTERM
+    finally:
+        agent.kill()
+    assert meeting.halted == NodeStop(1, errors.INTERNAL, "internal error: KeyError")
+    assert not meeting.again(RENDEZVOUS_FAILED, heard=False)
+    stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # as if it had not stopped
+    try:
+        meeting._halt(stuck)  # halted already: within the grace, nothing more
+        assert stuck.poll() is None
+        clock.now += rendezvous.HALT_GRACE + 1
+        assert meeting.wait(stuck, heard=lambda: True) == -signal.SIGKILL
+    finally:
+        stuck.kill()
+
+
+def test_once_this_nodes_ranks_all_ended_their_training_torchs_agent_talks_into_its_log(tmp_path):
+    """The agent that did not host the rendezvous' store warns "recvVector failed" with 16 lines of C++ frames as it
+    shuts down after a finished run: from its exit barrier on (every rank of the node exited 0), its stderr goes to
+    torchrun.log, not the terminal."""
+    code = (
+        "import os, sys\n"
+        "from torch.distributed.elastic.agent.server.api import SimpleElasticAgent\n"
+        "SimpleElasticAgent._exit_barrier = lambda self: os.write(2, b'recvVector failed\\n')\n"
+        "from rocm_yolo.trainer.agent import torchrun\n"
+        "torchrun._teardown_into(sys.argv[1])\n"
+        "torchrun._teardown_into(sys.argv[1])\n"  # once is enough
+        "os.write(2, b'training\\n')\n"
+        "SimpleElasticAgent._exit_barrier(object())\n"
+        "os.write(2, b'teardown\\n')\n"
+    )
+    log = tmp_path / "torchrun.log"
+    out = subprocess.run([sys.executable, "-c", code, str(log)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stderr == "training\n", out.stderr
+    assert log.read_text() == "recvVector failed\nteardown\n"
 
 
 def test_success_is_every_rank_of_this_node_ending_its_training_whatever_torchs_launcher_says():
