@@ -33,6 +33,9 @@ from rocm_yolo.supervisor.stall import StallDetector
 from rocm_yolo.ultralytics_rules.checkpoint import summary
 
 LIVE = (State.RUNNING.value, "stalled?")  # states of a run that trains now
+TOLD = ("profile", "restarts", "lost_seconds", "detail", "verdict")  # of the supervisor's record, as it holds them
+HEARD = ("phase", "epoch", "epochs", "batch", "batches", "it_s", "attempt")  # of a heartbeat: where the run is
+RANK_HEARD = ("phase", "epoch", "batch", "batches", "attempt")  # of a rank's: where that rank is
 
 
 def newest_run(root: Path = Path("runs")) -> Path | None:
@@ -114,31 +117,20 @@ def _collect(paths: RunPaths, now: float) -> dict:
     run_dir = paths.run_dir
     hb = heartbeat.read(paths.heartbeat)
     sup = read_state(paths)
+    known = sup or SupervisorState(state=State.RUNNING, profile=None)  # no record: nothing known of the supervisor
     info: dict = {
         "run_dir": str(run_dir),
         "state": sup.state.value if sup else "unknown",
-        "profile": sup.profile if sup else None,
-        "restarts": sup.restarts if sup else 0,
-        "hangs": len(sup.hangs) if sup else 0,
-        "lost_seconds": sup.lost_seconds if sup else 0.0,
-        "recoveries": [asdict(r) for r in sup.recoveries] if sup else [],
-        "detail": sup.detail if sup else None,
-        "failures": [asdict(f) for f in sup.failures] if sup else [],
-        "verdict": sup.verdict if sup else None,
+        **{name: getattr(known, name) for name in TOLD},
+        "hangs": len(known.hangs),
+        "recoveries": [asdict(r) for r in known.recoveries],
+        "failures": [asdict(f) for f in known.failures],
     }
     if sup is not None and sup.running and not alive(sup.supervisor_pid):
         info["state"] = "stopped"  # the supervisor is gone without writing a final state (killed -9?)
     if hb is not None:
-        age = now - hb.time
         info.update(
-            phase=hb.phase,
-            epoch=hb.epoch,
-            epochs=hb.epochs,
-            batch=hb.batch,
-            batches=hb.batches,
-            it_s=hb.it_s,
-            heartbeat_age=round(age, 1),
-            attempt=hb.attempt,
+            _heard(hb, HEARD, now),
             profile=getattr(_spec_of(paths, hb.attempt), "profile", None) or info["profile"],  # the attempt's own
         )
         if info["state"] == State.RUNNING.value and hb.phase != "done" and _stalled(hb, sup, now):
@@ -170,18 +162,13 @@ def _ranks(paths: RunPaths, now: float, attempt: int) -> list[dict]:
     for rank, path in paths.rank_heartbeats():
         hb = heartbeat.read(path)
         if hb is not None and hb.attempt == attempt:
-            found.append(
-                {
-                    "rank": rank,
-                    "phase": hb.phase,
-                    "epoch": hb.epoch,
-                    "batch": hb.batch,
-                    "batches": hb.batches,
-                    "attempt": hb.attempt,
-                    "heartbeat_age": round(now - hb.time, 1),
-                }
-            )
+            found.append({"rank": rank, **_heard(hb, RANK_HEARD, now)})
     return found
+
+
+def _heard(hb: Heartbeat, names: tuple[str, ...], now: float) -> dict:
+    """What ``status`` tells of a heartbeat: its fields ``names``, and its age."""
+    return {**{name: getattr(hb, name) for name in names}, "heartbeat_age": round(now - hb.time, 1)}
 
 
 def render(info: dict) -> str:

@@ -40,8 +40,15 @@ def _typed(cls, data: Any):
     """``cls(**data)`` when every field of ``data`` has its declared type (ints for floats too), else None."""
     if not isinstance(data, dict):
         return None
+    values = _typed_fields(fields(cls), data)
+    return None if values is None else cls(**values)
+
+
+def _typed_fields(wanted, data: dict) -> dict | None:
+    """The values of ``data`` for the dataclass fields ``wanted``, each of its declared type (an optional one may be
+    missing); None when one is missing or badly typed."""
     values = {}
-    for f in fields(cls):
+    for f in wanted:
         if f.name not in data:
             if f.default is not MISSING or f.default_factory is not MISSING:  # optional
                 continue
@@ -51,7 +58,7 @@ def _typed(cls, data: Any):
         if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
             return None
         values[f.name] = value
-    return cls(**values)
+    return values
 
 
 _KINDS = {
@@ -128,22 +135,30 @@ class WatchdogSettings:
 
 @dataclass
 class SupervisorState:
-    state: State
-    supervisor_pid: int
-    child_pid: int | None
-    attempt: int
-    profile: str
-    restarts: int
-    max_restarts: int
-    lost_seconds: float  # to hangs: detection, restart and batches trained again
-    started: float  # wall clock
-    updated: float
+    """The run as its supervisor knows it: the one record its loop changes, ``supervisor.json`` holds and, with the
+    exit code, :class:`rocm_yolo.supervisor.states.RunResult` returns."""
+
+    state: State = State.RUNNING
+    supervisor_pid: int = 0
+    child_pid: int | None = None
+    attempt: int = 1  # counted on across resumes
+    profile: str = ""
+    restarts: int = 0
+    max_restarts: int = 0
+    lost_seconds: float = 0.0  # to hangs: detection, restart and batches trained again
+    started: float = 0.0  # wall clock
+    updated: float = 0.0
+    wall_seconds: float = 0.0  # from the supervisor's start to the run's end
+    suspended_seconds: float = 0.0  # of them, stopped by Ctrl-Z or SIGTTOU (the whole tree stopped: no training)
     hangs: list = field(default_factory=list)  # [Hang]
     recoveries: list = field(default_factory=list)  # [Recovery]
     watchdog: WatchdogSettings | None = None
     detail: str | None = None  # what else the end says (e.g. "the final validation was interrupted")
-    failures: list = field(default_factory=list)  # [Failure], each diagnosed
+    failures: list = field(default_factory=list)  # [Failure], each diagnosed (a resumed run's earlier ones first)
     verdict: list | None = None  # why the run stopped without retrying, and the known fixes (lines)
+
+    # what every supervisor.json has held: a file without one of them is not the record
+    REQUIRED = ("supervisor_pid", "child_pid", "attempt", "profile", "restarts", "max_restarts", "lost_seconds")
 
     @property
     def running(self) -> bool:
@@ -163,44 +178,30 @@ class SupervisorState:
             state = State(data.get("state"))
         except ValueError:
             return None
-        hangs = [_typed(Hang, h) for h in data.get("hangs") or []] if isinstance(data.get("hangs"), list) else None
-        recoveries = data.get("recoveries") or []
-        recoveries = [_typed(Recovery, r) for r in recoveries] if isinstance(recoveries, list) else None
-        watchdog = _typed(WatchdogSettings, data["watchdog"]) if isinstance(data.get("watchdog"), dict) else None
-        failures = data.get("failures") or []
-        failures = [_typed(Failure, f) for f in failures] if isinstance(failures, list) else []
-        verdict = data.get("verdict")
-        verdict = [str(x) for x in verdict] if isinstance(verdict, list) else None
-        if hangs is None or recoveries is None:
+        if not all(name in data for name in ("started", "updated", *SupervisorState.REQUIRED)):
             return None
-        scalars = {f.name: data.get(f.name) for f in fields(_Scalars)}
+        plain = [f for f in fields(SupervisorState) if f.type in _KINDS and f.name not in ("detail", "verdict")]
+        scalars = _typed_fields(plain, data)
         detail = data.get("detail")
-        record = _typed(_Scalars, scalars)
-        if record is None:
+        hangs, recoveries = data.get("hangs") or [], data.get("recoveries") or []
+        if scalars is None or not isinstance(hangs, list) or not isinstance(recoveries, list):
             return None
+        failures = data.get("failures") or []
+        verdict = data.get("verdict")
         return cls(
             state=state,
-            hangs=[h for h in hangs if h is not None],  # a damaged entry costs only itself
-            recoveries=[r for r in recoveries if r is not None],
-            watchdog=watchdog,
+            hangs=_each(Hang, hangs),  # a damaged entry costs only itself
+            recoveries=_each(Recovery, recoveries),
+            watchdog=_typed(WatchdogSettings, data["watchdog"]) if isinstance(data.get("watchdog"), dict) else None,
+            failures=_each(Failure, failures) if isinstance(failures, list) else [],
+            verdict=[str(x) for x in verdict] if isinstance(verdict, list) else None,
             detail=detail if isinstance(detail, str) else None,
-            failures=[f for f in failures if f is not None],
-            verdict=verdict,
-            **asdict(record),
+            **scalars,
         )
 
 
-@dataclass
-class _Scalars:  # the plain fields of SupervisorState, as from_dict checks them
-    supervisor_pid: int
-    child_pid: int | None
-    attempt: int
-    profile: str
-    restarts: int
-    max_restarts: int
-    lost_seconds: float
-    started: float
-    updated: float
+def _each(cls, items: list) -> list:
+    return [x for x in (_typed(cls, item) for item in items) if x is not None]
 
 
 def _paths(run: str | os.PathLike | RunPaths) -> RunPaths:

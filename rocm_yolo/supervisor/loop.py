@@ -35,7 +35,6 @@ from rocm_yolo.run.supervisor_state import (
     Hang,
     Recovery,
     State,
-    SupervisorState,
     read_state,
     write_state,
 )
@@ -51,6 +50,8 @@ from rocm_yolo.supervisor.watch import AttemptEnd, Watch
 from rocm_yolo.supervisor.watch import where as watch_where
 from rocm_yolo.supervisor.worklost import WorkLost
 from rocm_yolo.ultralytics_rules.checkpoint import summary
+
+HISTORY = ("hangs", "restarts", "lost_seconds", "recoveries", "failures")  # what a resumed run carries on
 
 
 def _finished(spec: RunSpec) -> bool:
@@ -83,27 +84,35 @@ class Supervisor:
         self.log = log or RunLog(spec.paths.log, spec.paths.events)
         self.user_resume = user_resume
         self.signals = Signals(stop_self) if stop_self else Signals()
-        self.result = RunResult(state=State.RUNNING, exit_code=errors.FAILED, run_dir=spec.run_dir, node=spec.node)
-        self.started_wall = time.time()
+        previous = read_state(spec.paths) if user_resume else None  # a resumed run keeps its history
+        self.result = RunResult(  # the one record: the loop changes it, supervisor.json holds it, the caller gets it
+            run_dir=spec.run_dir,
+            node=spec.node,
+            supervisor_pid=os.getpid(),
+            attempt=spec.attempt,
+            profile=spec.profile,
+            max_restarts=config.max_restarts,
+            started=time.time(),
+            watchdog=config.settings(),
+            **({k: getattr(previous, k) for k in HISTORY} if previous else {}),
+        )
+        self.own_failures = len(self.result.failures)  # this run's failures follow a resumed run's earlier ones
         self._recovering_since: float | None = None
         self._state_error = False
         self.work = WorkLost()
         self.reporter = Reporter(spec.paths, config, self.log, clock)
         self.machine = machine  # read before the first attempt: the VRAM in use without this run
         self.gpu_wait = gpu_wait or self._wait_released
-        self.failures: list[Failure] = []  # this run's, diagnosed (a resumed run's earlier ones are history)
         self.decision: remedies.Decision | None = None  # what to do about the newest failure
         self.remedy_env: dict = {}  # variables a remedy gave the attempts after it (NCCL_P2P_DISABLE=1)
         self._failed_pids: list[int] = []
         self.startup = Startup()  # the run's own start-up, measured: a restart's allowance
         self.hb: Heartbeat | None = None  # the newest heartbeat heard when an attempt ended: where the run is
-        previous = read_state(spec.paths) if user_resume else None
-        self._earlier_failures = list(previous.failures) if previous else []  # kept in supervisor.json
-        if previous:  # a resumed run keeps its history of hangs and restarts
-            self.result.hangs = list(previous.hangs)
-            self.result.restarts = previous.restarts
-            self.result.lost_seconds = previous.lost_seconds
-            self.result.recoveries = list(previous.recoveries)
+
+    @property
+    def failures(self) -> list[Failure]:
+        """This run's failures, diagnosed (a resumed run's earlier ones are history: no remedy counts them)."""
+        return self.result.failures[self.own_failures :]
 
     # signals -------------------------------------------------------------------------------
     @property
@@ -325,7 +334,7 @@ class Supervisor:
         context = evidence.context(spec, self.machine, diagnosis, found)
         self.decision = remedies.decide(failure, diagnosis, self.failures, context)
         failure.remedy = self.decision.action
-        self.failures.append(failure)
+        self.result.failures.append(failure)
         if hang and self.result.hangs:
             self.result.hangs[-1].cls, self.result.hangs[-1].signature = diagnosis.cls, diagnosis.signature
         self.reporter.event(
@@ -408,10 +417,8 @@ class Supervisor:
     def _finish(self, state: State, spec: RunSpec, code: int | None = None) -> RunResult:
         self.result.state = state
         self.result.exit_code = RUN_EXIT[state] if code is None else code
-        self.result.attempts = spec.attempt
-        self.result.wall_seconds = time.time() - self.started_wall
+        self.result.wall_seconds = time.time() - self.result.started
         self.result.suspended_seconds = self.signals.suspended_seconds
-        self.result.failures = list(self.failures)
         restart.tell_other_nodes(spec, self.result, self.log)  # several machines: a node that stops for good says so
         self._write_state(state, spec)
         kind = {State.FINISHED: "finished", State.INTERRUPTED: "stopped"}.get(state, "failed")
@@ -454,24 +461,9 @@ class Supervisor:
         return self._finish(State.FINISHED, spec, code)
 
     def _write_state(self, state: State, spec: RunSpec, child_pid: int | None = None) -> None:
-        record = SupervisorState(
-            state=state,
-            supervisor_pid=os.getpid(),
-            child_pid=child_pid,
-            attempt=spec.attempt,
-            profile=spec.profile,
-            restarts=self.result.restarts,
-            max_restarts=self.config.max_restarts,
-            hangs=self.result.hangs,
-            lost_seconds=round(self.result.lost_seconds, 1),
-            recoveries=self.result.recoveries,
-            detail=self.result.detail,
-            started=self.started_wall,
-            updated=time.time(),
-            watchdog=self.config.settings(),
-            failures=self._earlier_failures + self.failures,
-            verdict=self.result.verdict,
-        )
+        record = self.result
+        record.state, record.child_pid, record.attempt, record.profile = state, child_pid, spec.attempt, spec.profile
+        record.updated = time.time()
         try:
             write_state(spec.paths, record)
         except OSError as e:  # bookkeeping must never stop the supervisor; say it once

@@ -7,7 +7,8 @@ States of an attempt::
        |  '--exit 2/3/4/123: USAGE_ERROR, ALREADY_FINISHED, SETUP_FAILED, INTERNAL_ERROR; 5: FAILED (a node
        |     of a multi-node run did not come to the rendezvous)
        |                                 '--any other exit------------------------> CRASHED
-       '--no heartbeat within the startup grace--> STALLED
+       '--no heartbeat within the start-up allowance (the stall timeout once the loader is iterated for the
+          first batch)--> STALLED
     any state --SIGINT/SIGTERM/SIGHUP--> INTERRUPTED
     STALLED/CRASHED --restarts left--> next attempt (next profile)   else: FAILED
 
@@ -19,12 +20,12 @@ that file's record (:mod:`rocm_yolo.run.supervisor_state`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from rocm_yolo import errors
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.run.supervisor_state import State
+from rocm_yolo.run.supervisor_state import State, SupervisorState
 
 # How the child's exit code ends an attempt (any other code: CRASHED).
 EXIT_STATES = {
@@ -46,21 +47,17 @@ RUN_EXIT = {
 
 
 @dataclass
-class RunResult:
-    state: State  # RUNNING until the run ends; then FINISHED, FAILED, USAGE_ERROR, ... (see State)
-    exit_code: int
-    run_dir: str
-    attempts: int = 1
-    restarts: int = 0
-    hangs: list = field(default_factory=list)  # [Hang]
-    lost_seconds: float = 0.0  # to hangs: detection + restart + batches trained again
-    wall_seconds: float = 0.0  # from the supervisor's start to the run's end
-    suspended_seconds: float = 0.0  # of them, stopped by Ctrl-Z (the whole tree stopped: no training)
-    recoveries: list = field(default_factory=list)  # [Recovery], one per restart (supervisor.worklost)
-    detail: str | None = None  # what else the end says (e.g. "the final validation was interrupted")
-    failures: list = field(default_factory=list)  # [Failure], each diagnosed (diagnosis.diagnose)
-    verdict: list | None = None  # why the run stopped without retrying, and the known fixes
+class RunResult(SupervisorState):
+    """How a run ended: the supervisor's one record (:class:`~rocm_yolo.run.supervisor_state.SupervisorState`, as
+    ``supervisor.json`` holds it) and the exit code, with where the run is."""
+
+    exit_code: int = errors.FAILED
+    run_dir: str = ""
     node: int | None = None  # on more than one machine: the node this supervisor ran (its log is its own)
+
+    @property
+    def attempts(self) -> int:
+        return self.attempt
 
     @property
     def running_seconds(self) -> float:
