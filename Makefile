@@ -71,6 +71,7 @@ $(VENV)/.torch: | $(PY)
 # your own: pip install -e ".[test]", see CONTRIBUTING.md.)
 $(VENV)/.project: pyproject.toml $(SOURCES) $(VENV)/.torch
 	@$(PY) -c "$$HOLD_TORCH" > $(VENV)/constraints.txt
+	@rm -rf build  # setuptools' in-tree build keeps modules since removed: they must not reach the wheel
 	@$(call step,installing rocm-yolo and its dependencies into $(VENV),$(PY) -m pip install --quiet -c $(VENV)/constraints.txt .)
 	@touch $@
 

@@ -8,7 +8,7 @@ Two measurements, each side in a fresh process, the sides in turn for ``--rounds
   worker has to import it, unless the server imported it before it forked (``process/preimport``).
 - ``death``: a worker killed by SIGKILL after the first batch: seconds until the loader raises.
   torch learns of its own children's deaths from SIGCHLD; the fork server's workers are the
-  server's children (``patches/worker_deaths`` reads their exit status).
+  server's children (``patches/loaders/worker_deaths`` reads their exit status).
 
 Sides: ``plain`` (torch's default start method, fork on Linux), ``before`` (the DataLoader patch and
 the fork server without the part measured: no module named to the server, or no exit-status
@@ -62,7 +62,7 @@ def _setup(side: str, what: str, run: Path) -> None:
     forkserver.start(run)
     if side == "before" and what == "modules":
         os.environ.pop("ROCM_YOLO_FORKSERVER_IMPORTS")  # the loader names no module to the server
-    from rocm_yolo.patches import dataloader, worker_deaths
+    from rocm_yolo.patches.loaders import dataloader, worker_deaths
     from rocm_yolo.run.profiles import resolve
 
     dataloader.install(resolve("fast", 2, cpu_count=4).loader, run)

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # one measurement, in a fresh process -------------------------------------------------------------
 def measure_loading(spec: dict) -> dict:
     """Time to the first batch and images/s after it, for one loader setting (runs in this process)."""
-    from rocm_yolo.patches import dataloader as patch
+    from rocm_yolo.patches.loaders import dataloader as patch
     from rocm_yolo.run.profiles import resolve
 
     kind, n = spec["kind"], spec["n"]

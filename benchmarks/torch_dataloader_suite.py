@@ -38,7 +38,7 @@ def _install():
     from rocm_yolo.trainer.loaders import forkserver
     run = tempfile.mkdtemp(prefix="run-", dir=os.environ["ROCM_YOLO_SUITE_RUNS"])
     forkserver.start(run)  # as the training child: before torch is imported
-    from rocm_yolo.patches import dataloader
+    from rocm_yolo.patches.loaders import dataloader
     from rocm_yolo.run.profiles import resolve
     dataloader.install(resolve(os.environ["ROCM_YOLO_SUITE_PROFILE"], 2).loader, run)
 

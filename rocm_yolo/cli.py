@@ -12,9 +12,10 @@ import os
 import sys
 from pathlib import Path
 
-from rocm_yolo import __version__, errors, triage
+from rocm_yolo import errors, triage
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run.profiles import PROFILES
+from rocm_yolo.version import __version__
 
 EPILOG = errors.HELP
 
@@ -82,7 +83,7 @@ def cmd_train(args, extra: list[str]) -> int:
     config = request.watchdog_config()  # its errors before anything is claimed
     spec = launch.prepare(request)
     trained_before = _trained_before(spec)
-    result = launch.run(spec, config, user_resume=request.resuming)
+    result = launch.supervise(spec, config, user_resume=request.resuming)
     _say_how_it_ended(result, trained_before)
     if request.data == "demo" and result.exit_code == errors.OK:
         _say(DEMO_NEXT)

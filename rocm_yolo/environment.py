@@ -7,7 +7,7 @@ Between rocm-yolo's own processes (one sets it, a descendant reads it):
 
 - :data:`SUPERVISOR_PID`: the supervisor, for the trainer and its workers (``PR_SET_PTRACER``: py-spy may attach);
 - :data:`HEARTBEAT_FD`: the write end of the supervisor's heartbeat pipe, in the training child;
-- :data:`HEARTBEAT_FIFO`: on several GPUs, the launcher's FIFO each rank writes its heartbeat lines into;
+- :data:`HEARTBEAT_FIFO`: on several GPUs, the DDP launcher's FIFO each rank writes its heartbeat lines into;
 - :data:`TORCHRUN_PID`: on several GPUs, the ``torch.distributed.run`` each rank dies with;
 - :data:`TRAINER_PID`, :data:`RUN_DIR`: the trainer a fork server dies with, and where it records itself;
 - :data:`FORKSERVER_IMPORTS`: the file of modules the fork server imports before it forks

@@ -23,8 +23,8 @@ from rocm_yolo.errors import UsageError
 from rocm_yolo.launch.resume_target import resume_point
 from rocm_yolo.process.lifecycle import alive
 from rocm_yolo.run import heartbeat
-from rocm_yolo.run.devices import read_round
 from rocm_yolo.run.heartbeat import Heartbeat
+from rocm_yolo.run.nodes import read_round
 from rocm_yolo.run.paths import STATE_DIRNAME, RunPaths
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.run.supervisor_state import State, SupervisorState, read_state

@@ -3,8 +3,9 @@
 ``python tests/floorplan.py`` (or ``make floorplan``) prints the import cycles among modules and among
 folders, if any, and exits 1 when there is one. An import inside a function or under
 ``TYPE_CHECKING`` counts: it is still an import. ``tests/unit/test_layout.py`` holds the code to
-the same rules. A folder is a package directory (``rocm_yolo/trainer/agent``); a module directly in
-``rocm_yolo/`` (``cli.py``, ``errors.py``) is a room of its own; ``patches/`` is ``rocm_yolo.patches``.
+the same rules. A folder is a package directory (``rocm_yolo/trainer/callbacks``); a module directly in
+``rocm_yolo/`` (``cli.py``, ``errors.py``) is a room of its own; ``patches/`` is ``rocm_yolo.patches`` (pyproject's
+``package-dir``), its folders ``rocm_yolo.patches.loaders`` and ``rocm_yolo.patches.saves``.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ def module_files(root: Path = ROOT) -> dict[str, Path]:
     for base, package in ((root / "rocm_yolo", "rocm_yolo"), (root / "patches", "rocm_yolo.patches")):
         for path in sorted(base.rglob("*.py")):
             rel = path.relative_to(base)
-            if package == "rocm_yolo" and rel.parts[0] == "patches":  # the link to patches/
-                continue
             parts = [package, *rel.with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts.pop()

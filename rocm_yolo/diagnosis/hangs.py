@@ -52,7 +52,8 @@ def main_thread(text: str) -> list[tuple[str, str]]:
 
 def _waits_for_data(frames) -> bool:
     return any(
-        "torch/utils/data/" in f or f.endswith(("patches/threads.py", "patches/dataloader.py")) for f, _ in frames
+        "torch/utils/data/" in f or f.endswith(("patches/loaders/threads.py", "patches/loaders/dataloader.py"))
+        for f, _ in frames
     )
 
 

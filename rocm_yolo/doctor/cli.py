@@ -1,4 +1,5 @@
-"""``rocm-yolo doctor``: its command line (the checks and their order: :mod:`.checks`).
+"""``rocm-yolo doctor``: its command line, its options listed once (:class:`DoctorRequest`; the checks and their order:
+:mod:`.checks`).
 
 Exit codes: ``0`` nothing blocks training (warnings allowed), ``1`` at least one ✗ row, ``2``
 a usage error (e.g. a missing DATA file): one line on stderr, no traceback. Like the CLI,
@@ -13,6 +14,7 @@ import json
 import math
 import os
 import sys
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from rocm_yolo.doctor import checks
@@ -38,55 +40,146 @@ DATA_TASKS = (DETECT, SEGMENT, POSE, OBB, CLASSIFY)  # the tasks whose data the 
 CACHE_CHOICES = ("ram", "disk", "false")  # Ultralytics' cache= (True is ram)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the doctor's arguments to ``parser`` (the ``doctor`` subcommand of the CLI)."""
-    parser.add_argument(
-        "data",
-        nargs="?",
-        metavar="DATA",
-        help="Ultralytics data YAML, or a class-per-folder directory for classification, to check (or 'demo')",
-    )
-    parser.add_argument(
-        "--task",
-        choices=DATA_TASKS,
+def _option(help, **argparse_kwargs) -> dict:
+    """A field's metadata: its help (a callable: worked out when the parser is built), its parser options."""
+    return {"help": help, "argparse": argparse_kwargs}
+
+
+@dataclass(frozen=True)
+class DoctorRequest:
+    """What the user asked ``rocm-yolo doctor`` for, unvalidated: one field per option, listed once, its flag, type
+    and help in the field's metadata (:func:`add_arguments` builds the parser's options from them), as
+    :class:`~rocm_yolo.launch.train_request.TrainRequest` lists train's. :meth:`options` validates it into the
+    :class:`~rocm_yolo.doctor.report.Options` the checks read."""
+
+    data: str | None = field(
         default=None,
-        help="check the data for this task (default: a directory is classify, a YAML with kpt_shape "
-        "pose, any other YAML detect: boxes or polygons)",
+        metadata=_option(
+            "Ultralytics data YAML, or a class-per-folder directory for classification, to check (or 'demo')",
+            flag="data",
+            nargs="?",
+            metavar="DATA",
+        ),
     )
-    parser.add_argument("--workers", type=int, default=None, help="DataLoader workers to test (default: the profile's)")
-    parser.add_argument(
-        "--batch",
-        type=int,
+    task: str | None = field(
         default=None,
-        help=f"batch size for the shared-memory estimate and loader test (default {_default('batch')}; "
-        f"for demo: {DEMO_DEFAULTS['batch']})",
+        metadata=_option(
+            "check the data for this task (default: a directory is classify, a YAML with kpt_shape "
+            "pose, any other YAML detect: boxes or polygons)",
+            choices=DATA_TASKS,
+        ),
     )
-    parser.add_argument(
-        "--imgsz",
-        type=int,
+    workers: int | None = field(
+        default=None, metadata=_option("DataLoader workers to test (default: the profile's)", type=int)
+    )
+    batch: int | None = field(
         default=None,
-        help=f"training image size for the shared-memory estimate (default {_default('imgsz')}; "
-        f"for demo: {DEMO_DEFAULTS['imgsz']})",
+        metadata=_option(
+            lambda: (
+                f"batch size for the shared-memory estimate and loader test (default {_default('batch')}; "
+                f"for demo: {DEMO_DEFAULTS['batch']})"
+            ),
+            type=int,
+        ),
     )
-    parser.add_argument(
-        "--cache",
-        choices=CACHE_CHOICES,
+    imgsz: int | None = field(
+        default=None,
+        metadata=_option(
+            lambda: (
+                f"training image size for the shared-memory estimate (default {_default('imgsz')}; "
+                f"for demo: {DEMO_DEFAULTS['imgsz']})"
+            ),
+            type=int,
+        ),
+    )
+    cache: str = field(
         default="false",
-        help="the run's cache= (ram: Ultralytics' image cache counts in the shared-memory estimate; default false)",
+        metadata=_option(
+            "the run's cache= (ram: Ultralytics' image cache counts in the shared-memory estimate; default false)",
+            choices=CACHE_CHOICES,
+        ),
     )
-    parser.add_argument(
-        "--profile",
+    profile: str = field(
         default=DEFAULT_PROFILE,
-        help=f"settings profile to check against ({', '.join(PROFILES)}; default {DEFAULT_PROFILE})",
+        metadata=_option(f"settings profile to check against ({', '.join(PROFILES)}; default {DEFAULT_PROFILE})"),
     )
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds each subprocess step may take (120)")
-    parser.add_argument("--skip", default="", help=f"comma-separated checks to leave out: {','.join(checks.NAMES)}")
-    parser.add_argument("--rocm-path", default=None, help="ROCm installation (default $ROCM_PATH or /opt/rocm)")
-    parser.add_argument("--json", action="store_true", help="one JSON document on stdout, for scripts")
+    timeout: float = field(default=120.0, metadata=_option("seconds each subprocess step may take (120)", type=float))
+    skip: str = field(default="", metadata=_option(f"comma-separated checks to leave out: {','.join(checks.NAMES)}"))
+    rocm_path: str | None = field(default=None, metadata=_option("ROCm installation (default $ROCM_PATH or /opt/rocm)"))
+    json: bool = field(default=False, metadata=_option("one JSON document on stdout, for scripts", action="store_true"))
     # hidden: fake trees for tests and for inspecting a mounted system image
-    parser.add_argument("--root", default="/", help=argparse.SUPPRESS)
-    parser.add_argument("--kfd-root", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--kernel-log", default=None, help=argparse.SUPPRESS)
+    root: str = field(default="/", metadata=_option(argparse.SUPPRESS))
+    kfd_root: str | None = field(default=None, metadata=_option(argparse.SUPPRESS))
+    kernel_log: str | None = field(default=None, metadata=_option(argparse.SUPPRESS))
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "DoctorRequest":
+        """The parsed command line (an option it lacks takes its default)."""
+        return cls(**{f.name: getattr(args, f.name, f.default) for f in fields(cls)})
+
+    def options(self) -> Options:
+        """Validate the request into the checks' options; raises :class:`UsageError` with a one-line message."""
+        skip = frozenset(x.strip() for x in (self.skip or "").split(",") if x.strip())
+        unknown = skip - set(checks.NAMES)
+        if unknown:
+            raise UsageError(
+                f"--skip: unknown check {', '.join(sorted(unknown))}: choose from {','.join(checks.NAMES)}"
+            )
+        if self.workers is not None and self.workers < 0:
+            raise UsageError(f"--workers {self.workers} must be >= 0")
+        sizes = DEMO_DEFAULTS if self.data == "demo" else train_sizes()  # what the training run would use
+        batch = sizes["batch"] if self.batch is None else self.batch
+        imgsz = sizes["imgsz"] if self.imgsz is None else self.imgsz
+        if batch < 1:
+            raise UsageError(f"--batch {batch} must be >= 1")
+        if imgsz < 32:
+            raise UsageError(f"--imgsz {imgsz} must be >= 32")
+        if not math.isfinite(self.timeout) or self.timeout <= 0:
+            raise UsageError(f"--timeout {self.timeout:g}: give a finite number of seconds > 0, e.g. --timeout 120")
+        if self.profile not in PROFILES:
+            raise UsageError(f"unknown profile '{self.profile}': choose one of {', '.join(PROFILES)}")
+        root = Path(self.root or "/")
+        if not root.is_dir():
+            raise UsageError(f"--root {root}: not a directory")
+        return Options(
+            data=self._data(),
+            task=self.task,
+            workers=self.workers,
+            batch=batch,
+            imgsz=imgsz,
+            cache=self.cache or "false",
+            profile=self.profile,
+            timeout=float(self.timeout),
+            skip=skip,
+            root=root,
+            rocm_path=Path(self.rocm_path) if self.rocm_path else None,
+            kfd_root=self.kfd_root,
+            kernel_log=Path(self.kernel_log) if self.kernel_log else None,
+            json=bool(self.json),
+            progress=not self.json and sys.stderr.isatty(),
+        )
+
+    def _data(self) -> Path | None:
+        if not self.data:
+            return None
+        data = Path(self.data).expanduser()
+        if not data.exists() and self.data == "demo":
+            from rocm_yolo.launch.demo import write_demo
+
+            return write_demo()
+        if not data.exists():
+            raise UsageError(f"data file not found: {self.data}")
+        return data
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the doctor's arguments to ``parser`` (the ``doctor`` subcommand of the CLI): one per field of
+    :class:`DoctorRequest`."""
+    for f in fields(DoctorRequest):
+        options = dict(f.metadata["argparse"])
+        flag = options.pop("flag", "--" + f.name.replace("_", "-"))
+        helptext = f.metadata["help"]
+        parser.add_argument(flag, default=f.default, help=helptext() if callable(helptext) else helptext, **options)
 
 
 def _default(key: str) -> object:
@@ -99,53 +192,7 @@ def _default(key: str) -> object:
 
 def options_from_args(args: argparse.Namespace) -> Options:
     """Validate the parsed arguments; raises :class:`UsageError` with a one-line message."""
-    skip = frozenset(x.strip() for x in (getattr(args, "skip", "") or "").split(",") if x.strip())
-    unknown = skip - set(checks.NAMES)
-    if unknown:
-        raise UsageError(f"--skip: unknown check {', '.join(sorted(unknown))}: choose from {','.join(checks.NAMES)}")
-    if args.workers is not None and args.workers < 0:
-        raise UsageError(f"--workers {args.workers} must be >= 0")
-    sizes = DEMO_DEFAULTS if args.data == "demo" else train_sizes()  # what the training run would use
-    batch = sizes["batch"] if args.batch is None else args.batch
-    imgsz = sizes["imgsz"] if args.imgsz is None else args.imgsz
-    if batch < 1:
-        raise UsageError(f"--batch {batch} must be >= 1")
-    if imgsz < 32:
-        raise UsageError(f"--imgsz {imgsz} must be >= 32")
-    if not math.isfinite(args.timeout) or args.timeout <= 0:
-        raise UsageError(f"--timeout {args.timeout:g}: give a finite number of seconds > 0, e.g. --timeout 120")
-    if args.profile not in PROFILES:
-        raise UsageError(f"unknown profile '{args.profile}': choose one of {', '.join(PROFILES)}")
-    root = Path(getattr(args, "root", "/") or "/")
-    if not root.is_dir():
-        raise UsageError(f"--root {root}: not a directory")
-    data = None
-    if args.data:
-        data = Path(args.data).expanduser()
-        if not data.exists() and args.data == "demo":
-            from rocm_yolo.launch.demo import write_demo
-
-            data = write_demo()
-        elif not data.exists():
-            raise UsageError(f"data file not found: {args.data}")
-    kernel_log = getattr(args, "kernel_log", None)
-    return Options(
-        data=data,
-        task=getattr(args, "task", None),
-        workers=args.workers,
-        batch=batch,
-        imgsz=imgsz,
-        cache=getattr(args, "cache", "false") or "false",
-        profile=args.profile,
-        timeout=float(args.timeout),
-        skip=skip,
-        root=root,
-        rocm_path=Path(args.rocm_path) if getattr(args, "rocm_path", None) else None,
-        kfd_root=getattr(args, "kfd_root", None),
-        kernel_log=Path(kernel_log) if kernel_log else None,
-        json=bool(args.json),
-        progress=not args.json and sys.stderr.isatty(),
-    )
+    return DoctorRequest.from_args(args).options()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -80,7 +80,7 @@ def probe_main(spec_file: str) -> None:
     if workers:
         patch = "absent"
         try:
-            from rocm_yolo.patches import dataloader as patch_module
+            from rocm_yolo.patches.loaders import dataloader as patch_module
             from rocm_yolo.run.profiles import LoaderSettings
 
             patch_module.install(

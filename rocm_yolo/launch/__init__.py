@@ -6,7 +6,7 @@
 1. :func:`.validation.make_spec`: flags, KEY=VALUE, profile, data and resume validated into a
    :class:`~rocm_yolo.run.spec.RunSpec`, with no side effects;
 2. :func:`.claim.claim`: the run directory taken and locked (one supervisor per run);
-3. :func:`run`: the supervisor runs the spec; Ctrl-C and SIGTERM stop the whole tree.
+3. :func:`supervise`: the supervisor runs the spec; Ctrl-C and SIGTERM stop the whole tree.
 
 - :mod:`.train_request`: ``TrainRequest``, the request as the user gave it (its options listed once);
 - :mod:`.validation`: ``make_spec``, the request validated into the first attempt's spec;
@@ -14,7 +14,8 @@
 - :mod:`.ram_cache`: ``cache=ram`` shared with the workers, loaded in threads, or refused;
 - :mod:`.demo`: the demo data set, written by the tool itself;
 - :mod:`.resume_target`: which run and checkpoint a ``--resume`` continues;
-- :mod:`.cluster`: more than one machine: the nodes of a job, from the node flags or SLURM's variables;
+- :mod:`.cluster`: more than one machine: the nodes of a job, from the node flags or a scheduler's variables;
+- :mod:`.schedulers`: each scheduler's variables (SLURM's), a small backend of its own;
 - :mod:`.claim`: the run directory taken; :mod:`.ownership`: one supervisor per run directory.
 """
 
@@ -35,7 +36,7 @@ from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.loop import Supervisor
 from rocm_yolo.supervisor.states import RunResult
 
-__all__ = ["TrainRequest", "claim", "make_spec", "prepare", "run", "train"]
+__all__ = ["TrainRequest", "claim", "make_spec", "prepare", "supervise", "train"]
 
 
 def prepare(request: TrainRequest) -> RunSpec:
@@ -46,10 +47,10 @@ def prepare(request: TrainRequest) -> RunSpec:
 def train(request: TrainRequest) -> RunResult:
     """Validate, claim and run ``request`` under its watchdog: what ``rocm-yolo train`` and ``rocm_yolo.train`` do."""
     config = request.watchdog_config()  # its errors before anything is claimed
-    return run(prepare(request), config, user_resume=request.resuming)
+    return supervise(prepare(request), config, user_resume=request.resuming)
 
 
-def run(spec: RunSpec, config: WatchdogConfig, *, user_resume: bool = False) -> RunResult:
+def supervise(spec: RunSpec, config: WatchdogConfig, *, user_resume: bool = False) -> RunResult:
     """Run ``spec`` under the supervisor; Ctrl-C and SIGTERM stop the whole tree.
 
     The run directory stays locked to this process until the supervisor is done. A new run

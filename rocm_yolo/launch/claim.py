@@ -8,7 +8,7 @@ and takes the checkpoint it starts from (which may move a damaged ``last.pt`` as
 
 On more than one machine every node claims the same directory, ``project/name`` as given (never
 ``name-2``: the nodes share it), holds its node's lock, and joins the round of the rendezvous the
-other nodes agree on (:func:`rocm_yolo.run.devices.join_round`), with its loader profile.
+other nodes agree on (:func:`rocm_yolo.run.nodes.join_round`), with its loader profile.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from rocm_yolo.errors import UsageError
 from rocm_yolo.launch import ownership
 from rocm_yolo.launch.resume_target import resume_point
-from rocm_yolo.run.devices import join_round
+from rocm_yolo.run.nodes import join_round
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import RunSpec, next_attempt
 from rocm_yolo.supervisor.restart import with_profile

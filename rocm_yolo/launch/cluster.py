@@ -1,103 +1,36 @@
-"""More than one machine: the nodes of a job, from the node flags or from SLURM's variables, checked.
+"""More than one machine: the nodes of a job, from the node flags or from a scheduler's variables, checked.
 
 Each node runs the same ``rocm-yolo train`` with ``--device`` naming its own GPUs, and the nodes
-meet at torch's c10d rendezvous (:mod:`rocm_yolo.trainer.agent.rendezvous`). What forms the job,
-each value on its own, the first found:
+meet at torch's c10d rendezvous (:mod:`rocm_yolo.ddp.rendezvous`). What forms the job, each value
+on its own, the first found:
 
-- the number of nodes: ``--nnodes N``, else ``SLURM_NNODES``;
+- the number of nodes: ``--nnodes N``, else the scheduler's (SLURM: ``SLURM_NNODES``);
 - this node's id (rocm-yolo's own, 0..N-1: its files go to ``RUN/rocm_yolo/node-K/``): ``--node-rank K``,
-  else ``SLURM_NODEID``;
+  else the scheduler's (SLURM: ``SLURM_NODEID``);
 - where the nodes meet: ``--rdzv-endpoint HOST:PORT``, else ``MASTER_ADDR`` and ``MASTER_PORT`` when set
-  (Kubeflow's and most SLURM scripts' variables), else the first host of ``SLURM_JOB_NODELIST``
-  (expanded here, without ``scontrol``: ``node[01-04]``, ``a[1,3-5],b2``) and a port derived from
-  ``SLURM_JOB_ID`` (:func:`slurm_port`);
+  (Kubeflow's and most SLURM scripts' variables), else the scheduler's first host (SLURM: of
+  ``SLURM_JOB_NODELIST``, expanded without ``scontrol``) and, for a port not given, the one the scheduler
+  derives from its job (SLURM: from ``SLURM_JOB_ID``), else torch's :data:`DEFAULT_PORT`;
 - how long the nodes wait for each other there: ``--rdzv-timeout`` (default 10 minutes).
 
-One node (no flags and no SLURM job of several nodes, or ``--nnodes 1``) is no multi-node job:
-:func:`resolve` returns None. Every mistake is a :class:`~rocm_yolo.errors.UsageError` of one line,
-before anything starts. Pure logic: it reads the variables it is given and touches nothing.
+Each scheduler's variables are its backend's (:mod:`.schedulers`, SLURM today). One node (no flags
+and no scheduler's job of several nodes, or ``--nnodes 1``) is no multi-node job: :func:`resolve`
+returns None. Every mistake is a :class:`~rocm_yolo.errors.UsageError` of one line, before anything
+starts. Pure logic: it reads the variables it is given and touches nothing.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from typing import Mapping
 
 from rocm_yolo import environment as env_names
 from rocm_yolo.errors import UsageError
-from rocm_yolo.run.devices import DEFAULT_RENDEZVOUS_TIMEOUT, Nodes
+from rocm_yolo.launch.schedulers import SCHEDULERS
+from rocm_yolo.run.nodes import DEFAULT_RENDEZVOUS_TIMEOUT, Nodes
 
 DEFAULT_PORT = 29400  # torch's c10d rendezvous port, when a job gives neither a port nor a job id
-SLURM_PORT_BASE, SLURM_PORT_SPAN = 15000, 15000  # ports 15000-29999: below Linux's ephemeral range
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def _split_top(text: str) -> list[str]:
-    """``a[1,3-5],b2`` -> ``["a[1,3-5]", "b2"]``: the commas outside brackets."""
-    items, depth, current = [], 0, ""
-    for char in text:
-        if char == "[":
-            depth += 1
-        elif char == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError("unbalanced ']'")
-        if char == "," and depth == 0:
-            items.append(current)
-            current = ""
-        else:
-            current += char
-    if depth:
-        raise ValueError("unbalanced '['")
-    return items + [current]
-
-
-def _expand_ranges(ranges: str) -> list[str]:
-    """``01-03,7`` -> ``["01", "02", "03", "7"]``, keeping the zero padding of each range."""
-    out = []
-    for part in ranges.split(","):
-        low, dash, high = part.partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
-            raise ValueError(f"not a range: {part!r}")
-        if not dash:
-            out.append(low)
-            continue
-        if int(high) < int(low):
-            raise ValueError(f"a range that runs backwards: {part!r}")
-        width = len(low) if low.startswith("0") else 0
-        out += [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
-    return out
-
-
-def _expand_host(item: str) -> list[str]:
-    """One host expression, with any number of bracket groups: ``n[1-2]-ib[0-1]`` -> 4 hosts."""
-    match = re.search(r"\[([^\]]*)\]", item)
-    if match is None:
-        if "[" in item or "]" in item:
-            raise ValueError(f"unbalanced brackets in {item!r}")
-        return [item]
-    head, tail = item[: match.start()], item[match.end() :]
-    return [head + value + rest for value in _expand_ranges(match[1]) for rest in _expand_host(tail)]
-
-
-def expand_nodelist(text: str) -> list[str]:
-    """SLURM's compressed host list, expanded as ``scontrol show hostnames`` does: ``node[01-04]`` -> node01 ..
-    node04; ``a[1,3-5],b2`` -> a1, a3, a4, a5, b2. ValueError for a list it cannot read."""
-    hosts = []
-    for item in _split_top(text.strip()):
-        item = item.strip()
-        if not item:
-            raise ValueError("an empty host")
-        hosts += _expand_host(item)
-    return hosts
-
-
-def slurm_port(job_id: str | int) -> int:
-    """The rendezvous port of a SLURM job, the same on every node of it: 15000 + the job id modulo 15000.
-    Two jobs on the same first host collide only if their ids are 15000 apart."""
-    digits = re.sub(r"\D", "", str(job_id))  # array jobs: 1234_7
-    return SLURM_PORT_BASE + int(digits or 0) % SLURM_PORT_SPAN
 
 
 def parse_endpoint(text: str, what: str = "--rdzv-endpoint") -> str:
@@ -128,24 +61,33 @@ def _whole(value: object, flag: str) -> int:
     return int(str(value).strip())
 
 
-def _endpoint_from(env: Mapping[str, str]) -> tuple[str | None, bool]:
-    """Where a job's nodes meet by its variables (MASTER_ADDR/MASTER_PORT first), and whether SLURM said it."""
-    host, port, slurm = env.get(env_names.MASTER_ADDR), env.get(env_names.MASTER_PORT), False
+def _endpoint_from(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """Where a job's nodes meet by its variables (MASTER_ADDR/MASTER_PORT first, then the schedulers'), and the
+    scheduler that said any of it (None: none did)."""
+    host, port, said = env.get(env_names.MASTER_ADDR), env.get(env_names.MASTER_PORT), None
+    for scheduler in SCHEDULERS if not host else ():
+        host = scheduler.first_host(env)
+        if host:
+            said = scheduler.name
+            break
     if not host:
-        nodelist = env.get(env_names.SLURM_JOB_NODELIST) or env.get(env_names.SLURM_NODELIST)
-        if nodelist:
-            try:
-                host, slurm = expand_nodelist(nodelist)[0], True
-            except (ValueError, IndexError) as e:
-                raise UsageError(
-                    f"{env_names.SLURM_JOB_NODELIST}={nodelist} cannot be read ({e}): give --rdzv-endpoint HOST:PORT"
-                ) from None
-    if not host:
-        return None, False
-    if not port:
-        job = env.get(env_names.SLURM_JOB_ID) or env.get(env_names.SLURM_JOBID)
-        port, slurm = (str(slurm_port(job)), True) if job else (str(DEFAULT_PORT), slurm)
-    return parse_endpoint(f"{host}:{port}", f"{env_names.MASTER_ADDR}:{env_names.MASTER_PORT}"), slurm
+        return None, None
+    for scheduler in SCHEDULERS if not port else ():
+        found = scheduler.port(env)
+        if found is not None:
+            port, said = str(found), scheduler.name
+            break
+    port = port or str(DEFAULT_PORT)
+    return parse_endpoint(f"{host}:{port}", f"{env_names.MASTER_ADDR}:{env_names.MASTER_PORT}"), said
+
+
+def _from_schedulers(env: Mapping[str, str], value: str) -> tuple[int | None, str | None]:
+    """The job's ``value`` (``nodes`` or ``node``) from the first scheduler whose variables say it, and its name."""
+    for scheduler in SCHEDULERS:
+        found = getattr(scheduler, value)(env)
+        if found is not None:
+            return found, scheduler.name
+    return None, None
 
 
 def resolve(
@@ -157,11 +99,11 @@ def resolve(
 ) -> Nodes | None:
     """The nodes of the job this node belongs to (None: one machine), from the flags, else the scheduler's
     variables; UsageError for flags that do not form a job."""
-    from_slurm = []
+    said = []  # the schedulers that said part of the job
     count = _whole(nnodes, "--nnodes") if nnodes is not None else None
-    if count is None and env.get(env_names.SLURM_NNODES, "").isdigit():
-        count = int(env[env_names.SLURM_NNODES])
-        from_slurm.append("nodes")
+    if count is None:
+        count, name = _from_schedulers(env, "nodes")
+        said += [name] if name else []
     if count is None or count == 1:
         given = [f for f, v in (("--node-rank", node_rank), ("--rdzv-endpoint", endpoint)) if v is not None]
         if given and count is None:
@@ -172,9 +114,9 @@ def resolve(
     if count < 1:
         raise UsageError(f"--nnodes {count}: give the number of machines, 1 or more")
     node = _whole(node_rank, "--node-rank") if node_rank is not None else None
-    if node is None and env.get(env_names.SLURM_NODEID, "").isdigit():
-        node = int(env[env_names.SLURM_NODEID])
-        from_slurm.append("node id")
+    if node is None:
+        node, name = _from_schedulers(env, "node")
+        said += [name] if name else []
     if node is None:
         raise UsageError(
             f"--nnodes {count} needs --node-rank K, this machine's number from 0 to {count - 1} (each node its own), "
@@ -185,12 +127,12 @@ def resolve(
     if endpoint is not None:
         where = parse_endpoint(str(endpoint))
     else:
-        where, slurm = _endpoint_from(env)
+        where, name = _endpoint_from(env)
         if where is None:
             raise UsageError(
                 f"--nnodes {count} needs --rdzv-endpoint HOST:PORT: the address where the nodes meet, one of them "
                 "(e.g. node01:29400), the same on every node"
             )
-        from_slurm += ["endpoint"] if slurm else []
+        said += [name] if name else []
     seconds = parse_timeout(timeout) if timeout is not None else DEFAULT_RENDEZVOUS_TIMEOUT
-    return Nodes(count=count, node=node, endpoint=where, timeout=seconds, source="SLURM" if from_slurm else "flags")
+    return Nodes(count=count, node=node, endpoint=where, timeout=seconds, source=said[0] if said else "flags")

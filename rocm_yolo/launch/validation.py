@@ -21,8 +21,8 @@ from rocm_yolo.launch.demo import DEMO_DEFAULTS
 from rocm_yolo.launch.resume_target import find_resume, run_args
 from rocm_yolo.launch.train_request import ULTRALYTICS_FLAGS, TrainRequest
 from rocm_yolo.run import checkpoints, devices
-from rocm_yolo.run.devices import Nodes
-from rocm_yolo.run.interval import DEFAULT_CHECKPOINT_INTERVAL, CheckpointInterval, parse_interval
+from rocm_yolo.run.midepoch import DEFAULT_CHECKPOINT_INTERVAL, CheckpointInterval, parse_interval
+from rocm_yolo.run.nodes import Nodes
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.profiles import DEFAULT_PROFILE, LOADER_KEYS, resolve
 from rocm_yolo.run.spec import RunSpec, carry_over, latest_spec, next_attempt
@@ -120,8 +120,9 @@ def _with_cfg_file(extra: dict, flags: dict, data: str | None) -> dict:
 
 
 @dataclass
-class Sorted:
-    """A request sorted out: the flags, Ultralytics arguments, loader settings, and which keys the user set."""
+class CheckedRequest:
+    """A request checked and sorted out: the flags, Ultralytics arguments, loader settings, and which keys the user
+    set."""
 
     data: str | None
     flags: dict  # ULTRALYTICS_FLAGS -> value or None
@@ -135,7 +136,7 @@ class Sorted:
     notes: list = field(default_factory=list)  # lines for the run header
 
     @classmethod
-    def of(cls, request: TrainRequest) -> "Sorted":
+    def of(cls, request: TrainRequest) -> "CheckedRequest":
         data, conv = request.data, request.conv
         extra = dict(request.overrides or {})
         flags = {key: getattr(request, key) for key in ULTRALYTICS_FLAGS}
@@ -221,7 +222,7 @@ def make_spec(request: TrainRequest) -> RunSpec:
     run's ``last.pt``), from which ``claim`` chooses the newest valid one.
     """
     nodes = request.nodes()  # more than one machine: the flags, else SLURM's variables
-    req = Sorted.of(request)
+    req = CheckedRequest.of(request)
     model_name = req.model_name(request.resuming)
     task = task_for_model(model_name) if model_name else None
     # Ultralytics' layout runs/TASK/NAME; a bare --resume looks through every task's runs
@@ -233,7 +234,7 @@ def make_spec(request: TrainRequest) -> RunSpec:
 
 
 def _finish(
-    req: Sorted,
+    req: CheckedRequest,
     *,
     data_path: str,
     model: str,
@@ -284,7 +285,7 @@ def _finish(
     )
 
 
-def _new_run(req: Sorted, model: str, task: str, run_dir: Path, nodes: Nodes | None = None) -> RunSpec:
+def _new_run(req: CheckedRequest, model: str, task: str, run_dir: Path, nodes: Nodes | None = None) -> RunSpec:
     if not req.data:
         raise UsageError(
             "DATA is required: a dataset YAML (a directory of class folders for a classification model), "
@@ -302,11 +303,11 @@ def _new_run(req: Sorted, model: str, task: str, run_dir: Path, nodes: Nodes | N
 
 
 # What a resume honours besides Ultralytics' own whitelist: rocm-yolo sets these on the trainer itself
-# (trainer.callbacks.run_hooks), or they only say where the run is.
+# (trainer.callbacks.trainer_settings), or they only say where the run is.
 RESUME_HONOURS = RESUME_ALLOWED | {"epochs", "workers", "val", "data", "project", "name", "exist_ok"}
 
 
-def _refuse_what_a_resume_drops(req: Sorted, last: Path) -> None:
+def _refuse_what_a_resume_drops(req: CheckedRequest, last: Path) -> None:
     """A key a resume cannot honour is refused, never silently dropped (Ultralytics' resume keeps the run's)."""
     if req.flags["model"] is not None:
         raise UsageError(
@@ -323,7 +324,7 @@ def _refuse_what_a_resume_drops(req: Sorted, last: Path) -> None:
         )
 
 
-def _resumed_run(req: Sorted, resume: str | bool, project_dir: Path, nodes: Nodes | None = None) -> RunSpec:
+def _resumed_run(req: CheckedRequest, resume: str | bool, project_dir: Path, nodes: Nodes | None = None) -> RunSpec:
     last = find_resume(resume, project_dir)
     _refuse_what_a_resume_drops(req, last)
     run_dir = last.parent.parent

@@ -1,19 +1,20 @@
-"""The contract both processes share, torch-free: what a run is and which files it keeps.
+"""The contract every process shares, torch-free: what a run is and which files it keeps.
 
-The supervisor writes, the training child reads (and the other way round), and ``rocm-yolo
-status`` reads from another terminal. Everything here imports neither torch nor Ultralytics,
-and nothing of rocm-yolo's but :mod:`rocm_yolo.errors` and :mod:`rocm_yolo.environment`. Each
+The supervisor writes, the training child (and on several GPUs the DDP launcher) reads, and the other way
+round, and ``rocm-yolo status`` reads from another terminal. Everything here imports neither torch nor
+Ultralytics, and nothing of rocm-yolo's but :mod:`rocm_yolo.errors` and :mod:`rocm_yolo.environment`. Each
 cross-process or on-disk contract is a typed record beside its codec:
 
 - :mod:`.spec`: ``RunSpec``, everything the child needs, in one JSON file per attempt; what carries over
   from one attempt to the next (``carry_over``);
 - :mod:`.profiles`: the settings profiles and the one place loader settings are validated;
-- :mod:`.interval`: ``--checkpoint-every`` and its default;
 - :mod:`.devices`: the GPUs a ``device`` argument names, and a rank's own number;
+- :mod:`.nodes`: more than one machine: the nodes (in the spec), the round they agree on, a node's stop;
 - :mod:`.paths`: ``RunPaths``, every file name of a run directory, and the user-level directories;
 - :mod:`.atomic`: writes a reader never sees half of;
 - :mod:`.checkpoints`: checkpoint files: read inertly, verified, found, chosen for a resume;
-- :mod:`.midepoch`: ``MidEpochState``, rocm-yolo's record inside a mid-epoch checkpoint;
+- :mod:`.midepoch`: ``--checkpoint-every`` and its default, and ``MidEpochState``, rocm-yolo's record inside a
+  mid-epoch checkpoint;
 - :mod:`.heartbeat`: the pipe protocol: heartbeat records, position lines, a rank's exit line;
 - :mod:`.supervisor_state`: ``SupervisorState``, ``supervisor.json``, the run's state as the supervisor wrote it;
 - :mod:`.events`: the run log and the events file;

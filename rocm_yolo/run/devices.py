@@ -1,36 +1,22 @@
-"""The GPUs and machines of a run, read without torch: one GPU, several (Ultralytics' DDP), several machines.
+"""The GPUs of a run, read without torch: one GPU, or several (Ultralytics' DDP), and a rank's own number.
 
-``--device 0,1`` trains on two GPUs: rocm-yolo's training child becomes a launcher that
-starts one rank per GPU with ``torch.distributed.run``, as Ultralytics does, and each rank is
-a training child of its own (:mod:`rocm_yolo.trainer.agent.launcher`). A rank knows itself by the
-variables that launcher sets (:data:`rocm_yolo.environment.RANK` and its neighbours).
-
-On more than one machine each node runs that launch with torch's c10d rendezvous, and
-:class:`Nodes` (in the spec) says how many nodes there are, which one this is (rocm-yolo's own
-node id: the rendezvous assigns torch's group ranks in an order of its own), where they meet and in
-which **round**. A round is one meeting of every node at the rendezvous: the nodes meet again in a new
-round after any failure. :class:`Round` (``RUN/rocm_yolo/round.json``, on the storage every node sees)
-is the round every node agrees on and the loader profile it trains on: :func:`join_round` gives a
-node the round the others wait in, or opens the next one; :func:`mark_round_started` closes it to
-latecomers once its ranks run. A node that stops for good (an internal error, a broken environment, a
-verdict: no restart of its own) says so in the round (:class:`NodeStop`, :func:`record_stop`): the other
-nodes stop too, with its exit code, at their next restart or while they wait at the rendezvous, instead of
-waiting there for it until ``--rdzv-timeout``. A user's start or resume opens a round without it.
+``--device 0,1`` trains on two GPUs: the supervisor starts the DDP launcher instead of the training
+child (:func:`launches_ranks`), which starts one rank per GPU with ``torch.distributed.run``, as
+Ultralytics does; each rank is a training child of its own (:mod:`rocm_yolo.ddp.launcher`). A rank
+knows itself by the variables torch's launcher sets (:data:`rocm_yolo.environment.RANK` and its
+neighbours). On more than one machine each node does the same (:mod:`.nodes`: the nodes and their
+round).
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from rocm_yolo import environment
-from rocm_yolo.run.atomic import write_atomic
-from rocm_yolo.run.paths import RunPaths
 
-DEFAULT_RENDEZVOUS_TIMEOUT = 600.0  # seconds the nodes wait for each other at the rendezvous (--rdzv-timeout)
+if TYPE_CHECKING:
+    from rocm_yolo.run.nodes import Nodes
 
 
 def devices_named(device: object) -> list[str]:
@@ -64,13 +50,13 @@ def check_list(device: object) -> str | None:
     )
 
 
-def world_size(train_args: Mapping[str, object], nodes: "Nodes | None" = None) -> int:
+def world_size(train_args: Mapping[str, object], nodes: Nodes | None = None) -> int:
     """How many ranks a run with these train arguments trains on: the GPU ids of ``device`` (at least 1), on
     every node of ``nodes``."""
     return max(len(gpu_ids(train_args.get("device"))), 1) * (nodes.count if nodes else 1)
 
 
-def launches_ranks(train_args: Mapping[str, object], nodes: "Nodes | None" = None) -> bool:
+def launches_ranks(train_args: Mapping[str, object], nodes: Nodes | None = None) -> bool:
     """Whether the training child launches ranks with ``torch.distributed.run``: several GPUs, or several nodes."""
     return nodes is not None or world_size(train_args) > 1
 
@@ -120,125 +106,3 @@ def check_batch(batch: object, ids: list[str], source: str = "given", nodes: int
             fix = f"resume on {' or '.join(map(str, fits)) if fits else 'one'} GPU(s), or give --batch {n * 8}"
         return f"{what} does not divide by the {n} GPUs of {gpus} (each rank trains batch/{n} images): {fix}"
     return None
-
-
-# --------------------------------------------------------------------------- more than one machine
-
-
-@dataclass(frozen=True)
-class Nodes:
-    """The machines of a multi-node run, as one node's spec says them."""
-
-    count: int  # how many nodes (--nnodes, SLURM_NNODES)
-    node: int  # rocm-yolo's id of this node, 0..count-1 (--node-rank, SLURM_NODEID): its files are node-K/
-    endpoint: str  # HOST:PORT of torch's c10d rendezvous (--rdzv-endpoint; SLURM: first host, port from the job)
-    timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT  # seconds to wait for the other nodes there (--rdzv-timeout)
-    source: str = "flags"  # where the job came from, for the header: flags, SLURM
-    round: int = 1  # the round of the rendezvous this attempt joins (:class:`Round`)
-
-    @classmethod
-    def from_dict(cls, data: Mapping) -> "Nodes":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
-
-    def describe(self) -> str:
-        return f"node {self.node} of {self.count}, rendezvous {self.endpoint} ({self.source}), round {self.round}"
-
-
-@dataclass(frozen=True)
-class NodeStop:
-    """A node that stopped for good, and why: every node of the run stops with its exit code."""
-
-    node: int
-    exit_code: int
-    reason: str  # one line: "internal error: KeyError: ..."
-
-    @classmethod
-    def from_dict(cls, data: Mapping) -> "NodeStop":
-        return cls(int(data["node"]), int(data["exit_code"]), str(data["reason"]))
-
-    def describe(self, count: int) -> str:
-        return f"node {self.node} of {count} stopped for good (exit {self.exit_code}: {self.reason})"
-
-
-@dataclass(frozen=True)
-class Round:
-    """A meeting of every node at the rendezvous, and the loader profile its ranks train on."""
-
-    number: int
-    profile: str
-    started: bool = False  # its ranks run: a node that comes later meets the others in the next round
-    stopped: NodeStop | None = None  # a node stopped for good: no node meets the others again
-
-
-def read_round(paths: RunPaths) -> Round | None:
-    """The round every node agrees on, as ``round.json`` says it; None when missing or unreadable."""
-    try:
-        data = json.loads(paths.round.read_text())
-        stopped = NodeStop.from_dict(data["stopped"]) if data.get("stopped") else None
-        found = Round(int(data["number"]), str(data["profile"]), bool(data.get("started", False)), stopped)
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return None
-    return found if found.number >= 1 else None
-
-
-class _RoundLock:
-    """``round.lock`` held (flock): one node at a time reads and moves the round."""
-
-    def __init__(self, paths: RunPaths):
-        self.paths = paths
-
-    def __enter__(self) -> "_RoundLock":
-        self.paths.state.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.paths.round_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-        except OSError:  # storage without locks (Lustre without -o flock): the writes are atomic all the same
-            pass
-        return self
-
-    def __exit__(self, *exc) -> None:
-        os.close(self.fd)
-
-
-def join_round(paths: RunPaths, profile: str, after: int | None = None) -> Round:
-    """The round this node joins: the one the other nodes wait in (opened, not started, later than ``after``),
-    else a new one after every round so far, on ``profile``. ``after``: the round this node's last attempt
-    failed in (a watchdog restart), None for a first attempt or a user's resume. A watchdog restart after a node
-    stopped for good gets that round, ``stopped`` and all (the caller stops); a user's start opens a new one."""
-    with _RoundLock(paths):
-        found = read_round(paths)
-        if found is not None and found.stopped is not None:
-            if after is not None:
-                return found
-        elif found is not None and not found.started and found.number > (after or 0):
-            return found
-        opened = Round(max(found.number if found else 0, after or 0) + 1, profile)
-        write_atomic(paths.round, json.dumps(asdict(opened)))
-        return opened
-
-
-def mark_round_started(paths: RunPaths, number: int) -> None:
-    """Round ``number``'s ranks run: a node that joins now opens the next round instead."""
-    with _RoundLock(paths):
-        found = read_round(paths)
-        if found is not None and found.number == number and not found.started:
-            write_atomic(paths.round, json.dumps(asdict(replace(found, started=True))))
-
-
-def record_stop(paths: RunPaths, stop: NodeStop, round_number: int, profile: str) -> NodeStop:
-    """Node ``stop.node`` stops for good, in round ``round_number`` (on ``profile``): every node stops. The stop
-    that was there first, if any, stays (a node that stops because another did says nothing new); the one kept."""
-    with _RoundLock(paths):
-        found = read_round(paths)
-        if found is not None and found.stopped is not None:
-            return found.stopped
-        base = found or Round(round_number, profile, started=True)
-        write_atomic(paths.round, json.dumps(asdict(replace(base, stopped=stop))))
-        return stop
-
-
-def stopped_node(paths: RunPaths) -> NodeStop | None:
-    """The node that stopped the run for good, as ``round.json`` says, if one did."""
-    found = read_round(paths)
-    return found.stopped if found is not None else None

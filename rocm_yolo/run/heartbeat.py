@@ -15,7 +15,7 @@ Three kinds of line go down the pipe the supervisor gave the child
 
 The writer is :mod:`rocm_yolo.trainer.callbacks.heartbeat_writer` (Ultralytics callbacks), the pipe's
 reader :class:`rocm_yolo.supervisor.trainer_process.PipeReader`, the ranks' relay
-:class:`rocm_yolo.trainer.agent.launcher.Relay`. Readers get ``None`` for a missing, half-written or
+:class:`rocm_yolo.ddp.relay.Relay`. Readers get ``None`` for a missing, half-written or
 badly typed line instead of an exception.
 """
 
@@ -31,11 +31,13 @@ MIN_INTERVAL = 1.0  # seconds between writes inside one phase
 # What an attempt does before its first trained batch (:attr:`Heartbeat.startup`), in order: what is slow before
 # training has its start-up allowance, but a loader iterated for its first batch is waited for as for any other.
 DATA = "data"  # Ultralytics' trainer made: the data set checked, scanned and cached, the model and the loaders built
-FIRST_BATCH = "first-batch"  # the train loader iterated for its first batch: the workers start and load it
+WORKERS = "workers"  # the train loader iterated: spawned workers start, each importing torch (seconds each)
+FIRST_BATCH = "first-batch"  # the train loader iterated for its first batch: its workers start at once and load it
 FIRST_STEP = "first-step"  # the first batch in hand: the first step (on a GPU, its kernels found and tuned)
 STEPS = {
     "": "starting",
     DATA: "checking the data set, building the model and the loaders",
+    WORKERS: "starting the train loader's spawned workers",
     FIRST_BATCH: "waiting for the first batch from the train loader",
     FIRST_STEP: "the first training step (GPU kernel tuning)",
 }

@@ -245,7 +245,7 @@ class RunPaths:
 
     @property
     def round(self) -> Path:
-        """On several machines: the round every node agrees on, and its profile (``run.devices.Round``)."""
+        """On several machines: the round every node agrees on, and its profile (``run.nodes.Round``)."""
         return self.state / "round.json"
 
     @property

@@ -4,7 +4,7 @@ A profile is a frozen, named set of DataLoader and training settings that users 
 on their hardware: ``fast`` (persistent workers from a preloaded fork server), ``safe``
 (half the workers, fresh every epoch, no validation during training), ``threads`` (no
 worker process: the loaders run in a pool of threads inside the trainer, see
-:mod:`rocm_yolo.patches.threads`) and ``single`` (no worker process and no loader thread at
+:mod:`rocm_yolo.patches.loaders.threads`) and ``single`` (no worker process and no loader thread at
 all, the guaranteed fallback). Flags and KEY=VALUE overrides are merged onto a profile by
 :func:`resolve`, which is the only function that decides whether a combination is valid.
 

@@ -2,7 +2,8 @@
 
 The CLI (or the Python API) builds a spec from the profile, flags and KEY=VALUE arguments;
 the supervisor writes it into the run directory and starts ``python -m rocm_yolo.trainer
-SPEC.json``. Nothing reaches the child by accident: what it needs travels here.
+SPEC.json`` (on several GPUs ``python -m rocm_yolo.ddp SPEC.json``, whose ranks each read it). Nothing
+reaches the child by accident: what it needs travels here.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from pathlib import Path
 
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run.atomic import write_atomic
-from rocm_yolo.run.devices import Nodes
-from rocm_yolo.run.interval import DEFAULT_CHECKPOINT_INTERVAL
+from rocm_yolo.run.midepoch import DEFAULT_CHECKPOINT_INTERVAL
+from rocm_yolo.run.nodes import Nodes
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.profiles import LOADER_KEYS, LoaderSettings, resolve
 
@@ -33,7 +34,7 @@ class RunSpec:
     env: dict = field(default_factory=dict)  # environment the profile sets (user's own variables win)
     resume: str | None = None  # checkpoint to resume from
     conv: str = "auto"
-    checkpoint_every: str = DEFAULT_CHECKPOINT_INTERVAL  # mid-epoch checkpoints: Ns, Nm, Nh, Nba or 0 (run.interval)
+    checkpoint_every: str = DEFAULT_CHECKPOINT_INTERVAL  # mid-epoch checkpoints: Ns, Nm, Nh, Nba or 0 (run.midepoch)
     attempt: int = 1
     workers_requested: int | None = None  # what the user asked for, before a profile's cap or divisor
     notes: tuple[str, ...] = ()  # lines for the header (e.g. warnings from resolving the profile)
@@ -105,8 +106,8 @@ def next_attempt(run_dir: str | os.PathLike, node: int | None = None) -> int:
 
 
 @dataclass(frozen=True)
-class Carried:
-    """What of a run's previous attempt the next one keeps (see :func:`carry_over`)."""
+class CarriedSettings:
+    """The user's settings of a run's previous attempt that the next one keeps (see :func:`carry_over`)."""
 
     workers: int | None  # the user's request (a profile's cut is never cut again)
     loader: dict  # the user's loader settings the next profile can take
@@ -122,7 +123,7 @@ class Carried:
         return f"profile '{profile}' cannot take {', '.join(f'{k}=' for k in self.dropped)}: dropped"
 
 
-def carry_over(previous: RunSpec, profile: str) -> Carried:
+def carry_over(previous: RunSpec, profile: str) -> CarriedSettings:
     """The one rule of what carries from an attempt to the next on ``profile``: a watchdog restart down the
     ladder and a user's ``--resume`` both follow it.
 
@@ -130,7 +131,7 @@ def carry_over(previous: RunSpec, profile: str) -> Carried:
     profile's defaults): the workers asked for (the next profile cuts them as it does, from the
     request, never from a cut count), ``val=``, ``--conv``, the checkpoint interval, and each
     loader setting the next profile can take; one it cannot (``prefetch_factor`` on a profile
-    without workers) is dropped, and :meth:`Carried.note` says so.
+    without workers) is dropped, and :meth:`CarriedSettings.note` says so.
     """
     workers = previous.loader.workers if previous.workers_requested is None else previous.workers_requested
     kept: dict = {}
@@ -143,7 +144,7 @@ def carry_over(previous: RunSpec, profile: str) -> Carried:
             dropped.append(key)
             continue
         kept[key] = value
-    return Carried(
+    return CarriedSettings(
         workers=workers,
         loader=kept,
         val=previous.val if "val" in previous.user_keys else None,

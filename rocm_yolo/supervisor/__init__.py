@@ -12,8 +12,9 @@ the user (the terminal, events.jsonl, a notify command, metrics.prom).
 - :mod:`.watch`: one attempt watched to its end (finished, crashed, stalled), as a typed ``AttemptEnd``;
 - :mod:`.signals`: the signals a terminal and a scheduler send (a stop, Ctrl-Z), acted on for the whole tree;
 - :mod:`.stall`: ``StallDetector``, "no progress for too long", knowing nothing of processes;
-- :mod:`.trainer_process`: the ``Child`` protocol and ``TrainerProcess``, the real one with its pipe (mechanism);
+- :mod:`.trainer_process`: the ``Child`` protocol and ``TrainerProcess``, the real one with its pipe (mechanism):
+  the trainer, or on several GPUs or machines the DDP launcher;
 - :mod:`.restart`: what the next attempt starts from, and tidying a finished run;
-- :mod:`.worklost`: where each failed attempt was and what the next one trained again;
+- :mod:`.recovery`: ``RecoveryTracker``, where each failed attempt was and what the next one trained again;
 - :mod:`.reporting`: each event to the terminal, events.jsonl, the notify command, and metrics.prom.
 """

@@ -40,6 +40,7 @@ from rocm_yolo.run.supervisor_state import (
 )
 from rocm_yolo.supervisor import restart
 from rocm_yolo.supervisor.config import WatchdogConfig
+from rocm_yolo.supervisor.recovery import RecoveryTracker
 from rocm_yolo.supervisor.reporting import Reporter
 from rocm_yolo.supervisor.restart import environment_error, last_loadable, next_spec, resume_command, tidy_finished
 from rocm_yolo.supervisor.signals import Signals
@@ -48,7 +49,6 @@ from rocm_yolo.supervisor.states import RUN_EXIT, RunResult
 from rocm_yolo.supervisor.trainer_process import Child, TrainerProcess
 from rocm_yolo.supervisor.watch import AttemptEnd, Watch
 from rocm_yolo.supervisor.watch import where as watch_where
-from rocm_yolo.supervisor.worklost import WorkLost
 from rocm_yolo.ultralytics_rules.checkpoint import summary
 
 HISTORY = ("hangs", "restarts", "lost_seconds", "recoveries", "failures")  # what a resumed run carries on
@@ -99,7 +99,7 @@ class Supervisor:
         self.own_failures = len(self.result.failures)  # this run's failures follow a resumed run's earlier ones
         self._recovering_since: float | None = None
         self._state_error = False
-        self.work = WorkLost()
+        self.work = RecoveryTracker()
         self.reporter = Reporter(spec.paths, config, self.log, clock)
         self.machine = machine  # read before the first attempt: the VRAM in use without this run
         self.gpu_wait = gpu_wait or self._wait_released

@@ -17,8 +17,8 @@ from rocm_yolo.errors import UsageError
 from rocm_yolo.process.lifecycle import alive
 from rocm_yolo.run import checkpoints
 from rocm_yolo.run.atomic import copy_atomic, temporaries
-from rocm_yolo.run.devices import NodeStop, join_round, record_stop, stopped_node
 from rocm_yolo.run.events import FROM_PYTHON, RunLog, read_events
+from rocm_yolo.run.nodes import NodeStop, join_round, record_stop, stopped_node
 from rocm_yolo.run.profiles import next_profile, resolve
 from rocm_yolo.run.spec import RunSpec, carry_over
 from rocm_yolo.run.supervisor_state import State
@@ -33,7 +33,7 @@ def next_spec(spec: RunSpec, ladder: tuple[str, ...], log: RunLog | None = None)
     ``--resume`` follows too): the workers start again from the user's request (a profile's cut is
     not cut again), and a loader setting the next profile cannot take is dropped, with a note.
     On more than one machine the next attempt joins the next round of the rendezvous, and its
-    profile is that round's, the same on every node (:func:`~rocm_yolo.run.devices.join_round`).
+    profile is that round's, the same on every node (:func:`~rocm_yolo.run.nodes.join_round`).
     """
     profile = next_profile(spec.profile, ladder)
     resume = None

@@ -1,7 +1,8 @@
 """The supervisor's handle on the training process: the :class:`Child` protocol, and the real one.
 
 :class:`TrainerProcess` (``python -m rocm_yolo.trainer SPEC.json`` in its own session, with its
-heartbeat pipe) is the mechanism behind :class:`rocm_yolo.supervisor.loop.Supervisor`'s policy;
+heartbeat pipe; on several GPUs or machines the DDP launcher, ``python -m rocm_yolo.ddp SPEC.json``,
+whose ranks send the heartbeats) is the mechanism behind :class:`rocm_yolo.supervisor.loop.Supervisor`'s policy;
 tests drive the loop with scripted children that keep the same :class:`Child` protocol
 (``tests/fakes.py``), as torch elastic tests its agent.
 """
@@ -24,7 +25,8 @@ from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.supervisor.config import WatchdogConfig
 
-TRAINER_MODULE = "rocm_yolo.trainer"
+TRAINER_MODULE = "rocm_yolo.trainer"  # the training child, on one GPU
+DDP_MODULE = "rocm_yolo.ddp"  # on several GPUs or machines: the DDP launcher, which starts the ranks (no torch)
 
 
 class Child(Protocol):
@@ -134,12 +136,15 @@ class TrainerProcess:
         env[environment.SUPERVISOR_PID] = str(os.getpid())
         if spec.node is not None:  # more than one machine: every process of the tree writes into the node's folder
             env[environment.NODE] = str(spec.node)
+        # on several GPUs the supervisor starts the DDP launcher, whose ranks send the beats (their pids are theirs)
+        self.multi_gpu = launches_ranks(spec.train_args, spec.nodes)
+        module = DDP_MODULE if self.multi_gpu else TRAINER_MODULE
         read_end, write_end = os.pipe()
         err_read, err_write = os.pipe()
         env[environment.HEARTBEAT_FD] = str(write_end)
         try:
             self.proc = tree.start(
-                [sys.executable, "-m", TRAINER_MODULE, str(spec_path)], env=env, pass_fds=(write_end,), stderr=err_write
+                [sys.executable, "-m", module, str(spec_path)], env=env, pass_fds=(write_end,), stderr=err_write
             )
         except BaseException:
             os.close(read_end)
@@ -151,8 +156,6 @@ class TrainerProcess:
         self.pid = self.proc.pid
         self.beats = PipeReader(read_end)
         self.stderr = Tee(err_read, _stderr_sink(), spec.paths.child_stderr(spec.attempt))
-        # on several GPUs the child launches the ranks, and they send the beats (their pids are theirs)
-        self.multi_gpu = launches_ranks(spec.train_args, spec.nodes)
         self.ranks: dict[int, Heartbeat] = {}  # each rank's newest record
         self.exits = self.beats.exits
         self.rank_count = world_size(spec.train_args) if self.multi_gpu else 1

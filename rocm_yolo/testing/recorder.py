@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rocm_yolo.patches import trainloop
+from rocm_yolo.patches.saves import trainloop
 from rocm_yolo.run.devices import rank
 
 

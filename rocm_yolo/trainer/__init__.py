@@ -1,7 +1,8 @@
 """The training child: the one process that imports torch and Ultralytics and trains.
 
 Started fresh by the supervisor as ``python -m rocm_yolo.trainer SPEC.json`` (never forked
-from a process that imported torch).
+from a process that imported torch); on several GPUs, one per GPU by torch's agent, which the DDP
+launcher starts (:mod:`rocm_yolo.ddp`).
 
 - :mod:`.entry`: the process entry: it orders the steps that make DataLoader workers safe, and
   returns the exit code the supervisor acts on;
@@ -9,9 +10,9 @@ from a process that imported torch).
 - :mod:`.training`: ``YOLO(model).train(**args)`` with rocm-yolo's callbacks;
 - :mod:`.train_args`: what a run passes to ``model.train``, and on a resume what changed;
 - :mod:`.failures`: every way the child fails, as one line and an exit code;
-- :mod:`.callbacks`: the Ultralytics callbacks (run hooks, the heartbeat) and their registry;
+- :mod:`.rank`: what differs in a rank of a multi-GPU run (its heartbeat FIFO, the global world size, ...);
+- :mod:`.callbacks`: the Ultralytics callbacks (the trainer's settings, the heartbeat) and their registry;
 - :mod:`.checkpointing`: mid-epoch checkpoints: the state captured, saved, restored, the sample order;
-- :mod:`.agent`: on several GPUs, the launcher of ``torch.distributed.run`` and what differs in a rank;
 - :mod:`.loaders`: DataLoader workers forked from a preloaded server.
 
 This package's ``__init__`` imports nothing: spawned workers and the fork server import parts of it.

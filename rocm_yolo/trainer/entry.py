@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     log = RunLog(paths.log, paths.events, rank=rank)
     _guard_terminal(log, rank)  # before Ultralytics holds sys.stdout
     log.event("start_method", method=multiprocessing.get_start_method(), torch_imported=torch_was_imported)
-    # no orphan if killed -9: the launcher and a one-GPU child die with the supervisor, a rank with its launcher
+    # no orphan if killed -9: a one-GPU child dies with the supervisor, a rank with torch's agent
     die_with_parent(_parent(rank))
     try:
         paths.stacks.mkdir(parents=True, exist_ok=True)
@@ -77,16 +77,14 @@ def main(argv: list[str] | None = None) -> int:
         faulthandler.register(DUMP_SIGNAL, file=stack_file, all_threads=True, chain=False)
     except OSError as e:
         return _setup_failure(spec, log, e)
-    if rank is None and devices.launches_ranks(spec.train_args, spec.nodes):
-        return _launch(spec, argv[0], log)  # one rank per GPU (of each node); this process imports no torch
     signal.signal(signal.SIGTERM, _on_sigterm)
     if rank is None:
         return _train(spec, log)
     if spec.nodes is not None and not devices.local_rank():  # the nodes met: a node that comes later meets them anew
         _round_started(spec, log)
-    from rocm_yolo.trainer.agent import ranks
+    from rocm_yolo.trainer.rank import reporting
 
-    with ranks.reporting(rank) as report:
+    with reporting(rank) as report:
         return report(_train(spec, log))
 
 
@@ -109,23 +107,12 @@ def _parent(rank: int | None) -> int:
 
 
 def _round_started(spec: RunSpec, log) -> None:
-    from rocm_yolo.run import devices
+    from rocm_yolo.run.nodes import mark_round_started
 
     try:
-        devices.mark_round_started(spec.paths, spec.nodes.round)
+        mark_round_started(spec.paths, spec.nodes.round)
     except OSError as e:  # the run's shared folder refuses: the next failure may then wait longer at the rendezvous
         log.info(f"cannot mark round {spec.nodes.round} started in {spec.paths.round} ({e.strerror or e})")
-
-
-def _launch(spec: RunSpec, spec_path: str, log) -> int:
-    from rocm_yolo.trainer.agent import launcher
-
-    try:
-        return launcher.launch(spec, spec_path, log)
-    except KeyboardInterrupt:
-        return errors.INTERRUPTED
-    except BaseException as e:  # the launch itself failed (no FIFO, no process): the environment, or a bug
-        return _setup_failure(spec, log, e)
 
 
 def _train(spec: RunSpec, log) -> int:

@@ -64,12 +64,12 @@ def _drop_truncated(spec: RunSpec, log: RunLog) -> None:
 def name_dead_worker(error: BaseException, loaders: list) -> BaseException:
     """A data queue that failed because a worker died, reported as torch reports it (with the pid).
 
-    See :func:`rocm_yolo.patches.dataloader.dead_workers`: a worker killed while it hands over a
+    See :func:`rocm_yolo.patches.loaders.dataloader.dead_workers`: a worker killed while it hands over a
     batch can surface as a bare ``ConnectionResetError`` or ``EOFError`` that names no worker.
     """
     if not isinstance(error, (ConnectionError, EOFError)) or not loaders:
         return error
-    from rocm_yolo.patches.dataloader import dead_workers
+    from rocm_yolo.patches.loaders.dataloader import dead_workers
 
     dead = dead_workers(loaders)
     if not dead:

@@ -92,8 +92,8 @@ def setup(spec: RunSpec, log: RunLog) -> Environment:
     import_checked("torch", "reinstall torch (on an AMD GPU, the ROCm build)")  # 3.
     import_checked("ultralytics", "reinstall ultralytics")
     from rocm_yolo.conv import patch as conv_patch
-    from rocm_yolo.patches import dataloader as loader_patch
-    from rocm_yolo.patches import threads as threads_patch
+    from rocm_yolo.patches.loaders import dataloader as loader_patch
+    from rocm_yolo.patches.loaders import threads as threads_patch
     from rocm_yolo.ultralytics_rules import compat
 
     requirements = (
@@ -103,11 +103,11 @@ def setup(spec: RunSpec, log: RunLog) -> Environment:
         log.event("compat", warning, warning=warning)
     loader_patch.install(env.loader, spec.run_dir)
     if not compat.missing_for(compat.FINAL_SAVE_FEATURE):
-        from rocm_yolo.patches import final_save
+        from rocm_yolo.patches.saves import final_save
 
         final_save.install(spec.run_dir)  # the end of training rewrites last.pt and best.pt atomically
     if not compat.missing_for(compat.EPOCH_SAVE_FEATURE):
-        from rocm_yolo.patches import epoch_save
+        from rocm_yolo.patches.saves import epoch_save
 
         epoch_save.install()  # each epoch's save of last.pt, best.pt and epochN.pt, atomically
     install_conv(spec, env)
@@ -118,8 +118,8 @@ def header_lines(spec: RunSpec, env: Environment) -> list[str]:
     import torch
     import ultralytics
 
-    from rocm_yolo import __version__
     from rocm_yolo.gpu.torch_build import torch_view
+    from rocm_yolo.version import __version__
 
     view = torch_view()
     build = (

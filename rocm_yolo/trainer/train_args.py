@@ -2,7 +2,7 @@
 
 Ultralytics' resume reloads the saved arguments and lets only a whitelist of changes
 through (:mod:`rocm_yolo.ultralytics_rules.resume`); rocm-yolo's callbacks enforce workers, val
-and the presets on the trainer whatever that whitelist holds (:mod:`.callbacks.run_hooks`).
+and the presets on the trainer whatever that whitelist holds (:mod:`.callbacks.trainer_settings`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def train_args(spec: RunSpec, presets: dict, log: RunLog, ckpt: dict | None = No
         batch=position.batch if position else 0,
         changed=changed,
     )
-    # epochs: set on the trainer by the run hooks (Ultralytics' resume would drop it with a warning)
+    # epochs: set on the trainer by its settings callback (Ultralytics' resume would drop it with a warning)
     keep = {k: v for k, v in args.items() if (k in spec.user_keys or k in ("workers", "val")) and k != "epochs"}
     return {**keep, "resume": spec.resume, "save_dir": spec.run_dir}
 

@@ -7,8 +7,7 @@ import time
 from rocm_yolo.errors import CHILD_FINISHED, OK
 from rocm_yolo.run import devices, hooks
 from rocm_yolo.run.events import RunLog
-from rocm_yolo.run.interval import parse_interval
-from rocm_yolo.run.midepoch import MID_EPOCH_KEY
+from rocm_yolo.run.midepoch import MID_EPOCH_KEY, parse_interval
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.trainer import failures, train_args
 from rocm_yolo.trainer.setup import Environment, header_lines, setup
@@ -21,11 +20,11 @@ def setup_and_train(spec: RunSpec, log: RunLog) -> int:
 
 
 def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
-    """rocm-yolo's callback owners in the order they run, and the run hooks among them."""
+    """rocm-yolo's callback owners in the order they run, and the trainer's settings among them."""
     from rocm_yolo.trainer.callbacks.good_copy import GoodCopy
     from rocm_yolo.trainer.callbacks.heartbeat_writer import HeartbeatWriter
-    from rocm_yolo.trainer.callbacks.run_hooks import RunHooks
     from rocm_yolo.trainer.callbacks.trackers import Trackers
+    from rocm_yolo.trainer.callbacks.trainer_settings import TrainerSettings
     from rocm_yolo.trainer.checkpointing.restore import MidEpochResume
     from rocm_yolo.trainer.checkpointing.sample_order import TrainOrder
     from rocm_yolo.trainer.checkpointing.save import MidEpochSave
@@ -41,8 +40,9 @@ def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
         on_error=lambda message: log.event("heartbeat_error", message),
         rank=rank,
         local_rank=local,
+        spawned_workers=bool(env.loader.workers) and env.loader.start_method == "spawn",
     )
-    run_hooks = RunHooks(spec, log, arg_presets=env.args)
+    settings = TrainerSettings(spec, log, arg_presets=env.args)
     testing = hooks.trainer_callbacks(paths, spec.attempt)  # [] unless a test asked for faults or a recording
     order = TrainOrder(log)
     requested = {k: spec.train_args[k] for k in ("batch", "imgsz") if k in spec.train_args}
@@ -56,7 +56,7 @@ def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
     writers = [save] if rank == 0 else []  # the other ranks resume from rank 0's checkpoints, and write none
     trackers = [Trackers(spec, log)] if rank == 0 else []  # Ultralytics' tracker callbacks run in rank 0 only
     ready = ServerReady(spec.run_dir)  # before the heartbeat says "first batch": the server's imports are start-up
-    return [run_hooks, good_copy, ready, heartbeat, *testing, *writers, mid_resume, *trackers], run_hooks
+    return [settings, good_copy, ready, heartbeat, *testing, *writers, mid_resume, *trackers], settings
 
 
 def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
@@ -65,7 +65,7 @@ def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
     from rocm_yolo.trainer.checkpointing.save import clean_temporaries
 
     started = time.time()
-    owners, run_hooks = callback_owners(spec, env, log)  # the heartbeat says "setup" from here on
+    owners, settings = callback_owners(spec, env, log)  # the heartbeat says "setup" from here on
     rank = devices.rank()
     if not devices.local_rank():  # the run's header: one per run (per node), not one per rank
         for line in header_lines(spec, env):
@@ -78,7 +78,7 @@ def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
     model = None
     try:
         if rank is not None:
-            from rocm_yolo.trainer.agent.ranks import agreed_resume
+            from rocm_yolo.trainer.rank import agreed_resume
 
             spec = agreed_resume(spec, log)  # more than one machine: the checkpoint every rank of every node finds
         model = YOLO(spec.resume or spec.model)
@@ -89,7 +89,7 @@ def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
             model.ckpt.pop(MID_EPOCH_KEY, None)  # the trainer loads its own copy; do not hold this one all run
         register(model, owners)
         if rank is not None:
-            from rocm_yolo.trainer.agent.ranks import trainer_class
+            from rocm_yolo.trainer.rank import trainer_class
 
             args["trainer"] = trainer_class(model, spec.nodes.count if spec.nodes else 1)
         model.train(**args)
@@ -99,7 +99,7 @@ def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as e:
-        if not run_hooks.training_started:
+        if not settings.training_started:
             raise  # the child reports it: user, environment or internal, never retried
         trainer = getattr(model, "trainer", None)
         loaders = (

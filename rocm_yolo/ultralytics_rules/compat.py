@@ -3,8 +3,8 @@
 rocm-yolo patches and hooks Ultralytics at narrow points. A point that moves in a new release
 would otherwise break a feature silently, so each one is listed here with the rocm-yolo
 feature that needs it, and checked in the training child right after the imports (with the
-torch internals each patch lists beside itself: ``REQUIREMENTS`` of :mod:`rocm_yolo.patches.dataloader`,
-:mod:`rocm_yolo.patches.threads` and :mod:`rocm_yolo.conv.patch`):
+torch internals each patch lists beside itself: ``REQUIREMENTS`` of :mod:`rocm_yolo.patches.loaders.dataloader`,
+:mod:`rocm_yolo.patches.loaders.threads` and :mod:`rocm_yolo.conv.patch`):
 
 - an **essential** one missing is a setup error (exit 4) naming the Ultralytics or torch
   version and the feature: training would be unsafe or impossible without it;
@@ -185,7 +185,7 @@ def _resume_save_dir() -> bool:
 
 
 def _epoch_save() -> bool:
-    """``save_model`` writes through the trainer's ``last`` and ``best`` paths (patches.epoch_save swaps them)."""
+    """``save_model`` writes through the trainer's ``last`` and ``best`` paths (patches.saves.epoch_save swaps them)."""
     text = _trainer_source("save_model")
     return "self.last.write_bytes(" in text and "self.best.write_bytes(" in text
 

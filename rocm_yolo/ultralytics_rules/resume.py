@@ -4,7 +4,7 @@ A resume reloads the run's saved train arguments and applies only the keys of
 :data:`RESUME_ALLOWED` from the new ones (``data`` too: a moved data set); every other key is
 dropped with Ultralytics' "Resume ignores [...]" warning, ``epochs`` and ``amp`` included.
 rocm-yolo's own callbacks set ``workers``, ``val`` and the presets on the trainer whatever this
-list holds (:mod:`rocm_yolo.trainer.callbacks.run_hooks`). :mod:`.compat` checks the list against
+list holds (:mod:`rocm_yolo.trainer.callbacks.trainer_settings`). :mod:`.compat` checks the list against
 the installed ``check_resume``.
 """
 

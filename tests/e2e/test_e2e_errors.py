@@ -131,8 +131,8 @@ def _fill(disk: Path) -> None:
 @pytest.mark.e2e
 def test_a_full_disk_stops_the_run_keeps_its_checkpoint_and_says_so(cli, tiny_data, tmp_path):
     # A checkpoint with its optimizer state is 21 MB (Ultralytics 8.4.158) to 26 MB (8.4.190): on a 32 MB disk
-    # last.pt fits and best.pt does not. Each save is atomic (patches/epoch_save): best.pt's cut-short temporary file
-    # is removed, never left as a truncated best.pt.
+    # last.pt fits and best.pt does not. Each save is atomic (patches/saves/epoch_save): best.pt's cut-short temporary
+    # file is removed, never left as a truncated best.pt.
     with small_tmpfs(tmp_path / "disk", 32) as disk:
         paths = RunPaths(disk / "runs" / "train")
         r = cli.run("train", str(tiny_data), "--epochs", "3", "--workers", "1", "--project", str(disk / "runs"), *TINY)

@@ -27,7 +27,7 @@ from helpers import TAG_VAR, Cli, epochs_in, wait_for
 from rocm_yolo import errors
 from rocm_yolo.launch.demo import write_demo
 from rocm_yolo.run import checkpoints, heartbeat
-from rocm_yolo.run.devices import Round, read_round
+from rocm_yolo.run.nodes import Round, read_round
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import latest_spec
 

@@ -29,7 +29,7 @@ supervisors on this machine, each ``--device 0,1 --nnodes 2 --node-rank K --rdzv
 two "nodes" of two CPU ranks each, meeting at torch's c10d rendezvous and sharing one run directory. Each
 node's ranks come here as one machine's do: the CPU for their ids, gloo with torch's global ``RANK`` and
 the trainer's world size. That world size is torch's ``WORLD_SIZE`` (four) by then: a rank of rocm-yolo sets
-it after ``__init__`` on a GPU machine too (:mod:`rocm_yolo.trainer.agent.ranks`), and the plain side of the
+it after ``__init__`` on a GPU machine too (:mod:`rocm_yolo.trainer.rank`), and the plain side of the
 benchmark does the same in its runner. Gloo's pairs connect over 127.0.0.1, where this machine's host
 name resolves. Both "nodes" read the same fake topology of two GPUs, as two machines of two GPUs would.
 

@@ -7,6 +7,7 @@ patch list and its fault list, and the run directory in docs/watchdog.md.
 from __future__ import annotations
 
 import inspect
+import itertools
 import re
 from pathlib import Path
 
@@ -67,9 +68,16 @@ def test_contributings_tree_is_the_package_tree():
 
 
 def test_contributings_patch_list_is_the_patches():
-    line = next(x for x in CONTRIBUTING.splitlines() if x.startswith("patches/"))
-    listed = set(line.split(":", 1)[1].replace(",", " ").split())
-    patches = {m.rpartition(".")[2] for m in FILES if m.startswith("rocm_yolo.patches.")}
+    """The tree's ``patches/`` entry (its line and the lines under it), after its first colon, parentheses aside:
+    ``module; folder: module, module; ...``, every module and folder of rocm_yolo.patches."""
+    lines = CONTRIBUTING.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("patches/"))
+    entry = " ".join([lines[start], *itertools.takewhile(lambda x: x.startswith(" " * 28), lines[start + 1 :])])
+    listed = set()
+    for group in re.sub(r"\([^)]*\)", "", entry.split(":", 1)[1]).split(";"):
+        folder, _, names = (x.strip() for x in group.rpartition(":"))
+        listed |= {f"{folder}.{n}" if folder else n for n in names.replace(",", " ").split()} | ({folder} - {""})
+    patches = {m[len("rocm_yolo.patches.") :] for m in FILES if m.startswith("rocm_yolo.patches.")}
     assert listed == patches
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import pkgutil
 import re
 import subprocess
@@ -34,9 +35,14 @@ SHARED_NAMES = {"__init__", "__main__", "cli", "config"}  # module names a packa
 
 
 def modules() -> list[str]:
-    return sorted(
-        m.name for m in pkgutil.walk_packages(rocm_yolo.__path__, "rocm_yolo.") if not m.name.endswith(".__main__")
-    )
+    """Every module, the patches included: mapped in from patches/, they are not on ``rocm_yolo.__path__``."""
+    import rocm_yolo.patches
+
+    found = [
+        *pkgutil.walk_packages(rocm_yolo.__path__, "rocm_yolo."),
+        *pkgutil.walk_packages(rocm_yolo.patches.__path__, "rocm_yolo.patches."),
+    ]
+    return sorted({"rocm_yolo.patches"} | {m.name for m in found if not m.name.endswith(".__main__")})
 
 
 def supervisor_side() -> list[str]:
@@ -73,8 +79,8 @@ def test_the_cli_and_the_trainers_entry_import_nothing_heavy():
         "rocm_yolo.supervisor.loop",
         "rocm_yolo.status",
         "rocm_yolo.trainer.entry",
-        "rocm_yolo.trainer.agent.launcher",  # on several GPUs the child only launches the ranks: no torch in it
-        "rocm_yolo.trainer.agent.ranks",
+        "rocm_yolo.ddp.launcher",  # on several GPUs the supervisor's child only launches the ranks: no torch in it
+        "rocm_yolo.trainer.rank",
     ]
     found = imported_after_each(names, ("torch", "ultralytics", "cv2", "numpy"))
     assert all(found[name] == [] for name in names), found
@@ -87,7 +93,7 @@ def test_testing_hooks_are_imported_only_when_asked_for(tmp_path):
         "import os, sys\n"
         "os.environ.pop('ROCM_YOLO_PLUGINS', None); os.environ['ROCM_YOLO_FAULT'] = 'worker-hang'\n"
         "import rocm_yolo.trainer.training, rocm_yolo.trainer.loaders.preload, rocm_yolo.conv.probe\n"
-        "import rocm_yolo.patches.dataloader\n"
+        "import rocm_yolo.patches.loaders.dataloader\n"
         "from rocm_yolo.run import hooks\n"
         "hooks.arm_worker(None, None); hooks.conv_fault('native'); assert hooks.trainer_callbacks(None, 1) == []\n"
         "print(sorted(m for m in sys.modules if m.startswith('rocm_yolo.testing')))\n"
@@ -101,13 +107,33 @@ def test_pyproject_lists_every_package():
     text = (ROOT / "pyproject.toml").read_text()
     block = re.search(r"^packages = \[(.*?)\]", text, re.S | re.M)[1]
     listed = set(re.findall(r'"(rocm_yolo(?:\.\w+)*)"', block))
-    folders = {"rocm_yolo"} | {m for m in modules() if (ROOT / m.replace(".", "/") / "__init__.py").is_file()}
-    assert listed == folders | {"rocm_yolo.patches"}
+    files = floorplan.module_files()
+    folders = {m for m in modules() if m in files and files[m].name == "__init__.py"}
+    assert listed == {"rocm_yolo"} | folders
+
+
+def test_the_patches_live_in_patches_and_a_checkout_without_an_install_finds_them(tmp_path):
+    """patches/ at the top is rocm_yolo.patches: mapped in by pyproject's package-dir (a wheel, an editable install),
+    no link; and a checkout on sys.path with no install at all (``python -S``: no site-packages, no editable
+    finder) finds it too, as ``python -m`` in the clone puts the checkout before an installed wheel."""
+    assert not (ROOT / "rocm_yolo" / "patches").exists()
+    assert re.search(
+        r'^package-dir = \{ *"rocm_yolo\.patches" = "patches" *\}', (ROOT / "pyproject.toml").read_text(), re.M
+    )
+    code = (
+        "import rocm_yolo.patches.swap, rocm_yolo.patches.saves, rocm_yolo.patches.loaders as p; print(p.__path__[0])"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [str(ROOT / "patches" / "loaders")]
 
 
 def test_modules_and_functions_stay_short():
     long = []
-    for path in sorted(list((ROOT / "rocm_yolo").rglob("*.py")) + list((ROOT / "patches").glob("*.py"))):
+    for path in sorted(list((ROOT / "rocm_yolo").rglob("*.py")) + list((ROOT / "patches").rglob("*.py"))):
         text = path.read_text()
         if len(text.splitlines()) > MAX_MODULE_LINES:
             long.append(f"{path.relative_to(ROOT)}: {len(text.splitlines())} lines")

@@ -182,7 +182,7 @@ def test_ranks_of_an_earlier_attempt_are_not_this_attempts(tmp_path):
 
 
 def test_a_multi_node_run_shows_every_node_and_its_ranks(tmp_path):
-    from rocm_yolo.run.devices import join_round
+    from rocm_yolo.run.nodes import join_round
 
     node0 = write_run(tmp_path, node=0)
     node1 = write_run(tmp_path, node=1, age=40, state="finished")

@@ -16,7 +16,7 @@ from typing import Callable
 
 from rocm_yolo import environment
 from rocm_yolo.run.atomic import write_atomic
-from rocm_yolo.run.heartbeat import DATA, FIRST_BATCH, FIRST_STEP, MIN_INTERVAL, position_line
+from rocm_yolo.run.heartbeat import DATA, FIRST_BATCH, FIRST_STEP, MIN_INTERVAL, WORKERS, position_line
 
 
 class HeartbeatWriter:
@@ -31,8 +31,10 @@ class HeartbeatWriter:
         on_error: Callable[[str], None] | None = None,
         rank: int = 0,
         local_rank: int | None = None,
+        spawned_workers: bool = False,
     ):
         self.path = Path(path)
+        self.spawned_workers = spawned_workers  # the first batch waits for workers that import torch: start-up
         local_rank = rank if local_rank is None else local_rank
         self.positions = local_rank == 0  # position lines between records: its node's local rank 0's (it speaks)
         self.clock = clock
@@ -135,8 +137,8 @@ class HeartbeatWriter:
 
     def on_train_epoch_start(self, trainer) -> None:
         self.state.update(epoch=trainer.epoch + 1, epochs=trainer.epochs, batch=0, batches=len(trainer.train_loader))
-        if self.state["batches_total"] == 0:  # the loader is iterated next: waiting for it is no start-up
-            self.state["startup"] = FIRST_BATCH
+        if self.state["batches_total"] == 0:  # the loader is iterated next: waiting for it is no start-up, but
+            self.state["startup"] = WORKERS if self.spawned_workers else FIRST_BATCH  # spawned workers' imports are
         self.last_step = self.clock()
         self.pass_start = True
         self.write("train", force=True)

@@ -1,6 +1,6 @@
 """The registry of rocm-yolo's Ultralytics callbacks: which events, and how an object's methods become callbacks.
 
-Every part of the trainer that hooks into Ultralytics (the run hooks, the heartbeat,
+Every part of the trainer that hooks into Ultralytics (the trainer's settings, the heartbeat,
 mid-epoch save and resume, the test hooks) is an object whose methods are named after the
 events in :data:`rocm_yolo.ultralytics_rules.compat.CALLBACK_EVENTS`; :func:`callbacks_of` turns one into the dict
 ``model.add_callback`` takes, and compat checks that Ultralytics still fires them all.

@@ -63,6 +63,6 @@ def set_rng_states(states: dict) -> None:
 def loads_in_process(loader) -> bool:
     """The loader's dataset object itself loads the samples (``single``): not workers, nor the
     ``threads`` profile's threads, which load with copies of it (their mosaic buffers are their own)."""
-    from rocm_yolo.patches.threads import ATTRIBUTE
+    from rocm_yolo.patches.loaders.threads import ATTRIBUTE
 
     return loader.num_workers == 0 and getattr(loader, ATTRIBUTE, None) is None

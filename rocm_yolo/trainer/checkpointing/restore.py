@@ -4,7 +4,7 @@
 raw weights and stopper (for the first epoch, where Ultralytics' resume cannot start, it does
 it all); at the resumed epoch's start the callbacks set the loop's ``last_opt_step`` and
 accumulated gradients, make the loop's ``i`` start at the next batch
-(:mod:`rocm_yolo.patches.trainloop`) and the sampler replay the epoch's order without the
+(:mod:`rocm_yolo.patches.saves.trainloop`) and the sampler replay the epoch's order without the
 batches done (:mod:`.sample_order`); the RNG states are restored when that pass starts, the
 running loss at the first batch. Listeners (the heartbeat, the checkpoint writer, the fault
 injector) hear the batch the epoch continues after. Before any of that, :func:`checked_resume`
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from rocm_yolo.errors import UsageError
-from rocm_yolo.patches import trainloop
+from rocm_yolo.patches.saves import trainloop
 from rocm_yolo.run import checkpoints, devices
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.midepoch import FormatError, MidEpochState

@@ -33,7 +33,7 @@ from typing import Callable
 
 import torch
 
-from rocm_yolo.patches import trainloop
+from rocm_yolo.patches.saves import trainloop
 from rocm_yolo.run.events import RunLog
 
 

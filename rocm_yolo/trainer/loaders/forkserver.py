@@ -18,7 +18,7 @@ server fixes that without giving up what spawn is for:
 
 The server records what it is in ``RUN/rocm_yolo/forkserver.json`` (threads, GPU device
 files open) and dies with the trainer (``PR_SET_PDEATHSIG``); each worker dies with the
-server and kills itself if the trainer is already gone (see patches/dataloader.WorkerInit).
+server and kills itself if the trainer is already gone (see patches/loaders/dataloader.WorkerInit).
 This module does not import torch: it runs before the trainer imports it.
 """
 

@@ -34,7 +34,7 @@ def _import_worker_modules() -> tuple[str | None, str | None]:
         import ultralytics.data.build  # noqa: F401
         import ultralytics.data.dataset  # noqa: F401
 
-        import rocm_yolo.patches.dataloader  # noqa: F401 - WorkerInit, every worker's worker_init_fn
+        import rocm_yolo.patches.loaders.dataloader  # noqa: F401 - WorkerInit, every worker's worker_init_fn
     except Exception as e:  # noqa: BLE001
         return None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
     return ultralytics.__version__, None

@@ -147,14 +147,14 @@ def test_a_trainer_waiting_for_its_dataloader_is_a_loader_hang():
     )
     assert found.cls == LOADER and found.signature == "loader: hang in _try_get_data"
     assert any("worker pid 11: block_forever" in line for line in found.evidence)
-    threads = [("/x/rocm_yolo/patches/threads.py", "_next_data"), *MAIN_TAIL]  # the threads profile
+    threads = [("/x/rocm_yolo/patches/loaders/threads.py", "_next_data"), *MAIN_TAIL]  # the threads profile
     assert diagnose(Evidence("hang", stacks=stacks((10, "trainer", [threads])))).cls == LOADER
 
 
 def test_every_rank_in_a_collective_is_a_collective_hang_but_one_rank_stuck_elsewhere_is_not():
     in_reduce = [("/x/torch/distributed/distributed_c10d.py", "all_reduce"), *MAIN_TAIL]
     in_backward = [("/x/torch/autograd/__init__.py", "backward"), *MAIN_TAIL]
-    launcher = [("/x/rocm_yolo/trainer/agent/launcher.py", "relay"), *MAIN_TAIL]
+    launcher = [("/x/rocm_yolo/ddp/launcher.py", "relay"), *MAIN_TAIL]
     hung = stacks((9, "trainer", [launcher]), (10, "rank", [in_backward]), (11, "rank", [in_reduce]))
     found = diagnose(Evidence("hang", stacks=hung, multi_gpu=True, on_gpu=True))
     assert found.cls == COLLECTIVE and len(found.evidence) == 2

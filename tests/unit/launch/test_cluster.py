@@ -1,4 +1,4 @@
-"""More than one machine: the job from the node flags or SLURM's variables, SLURM's host lists and its port."""
+"""More than one machine: the job from the node flags or a scheduler's variables, SLURM's host lists and its port."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from rocm_yolo.errors import UsageError
-from rocm_yolo.launch import cluster
-from rocm_yolo.run.devices import DEFAULT_RENDEZVOUS_TIMEOUT, Nodes
+from rocm_yolo.launch import cluster, schedulers
+from rocm_yolo.run.nodes import DEFAULT_RENDEZVOUS_TIMEOUT, Nodes
 
 
 @pytest.mark.parametrize(
@@ -27,19 +27,19 @@ from rocm_yolo.run.devices import DEFAULT_RENDEZVOUS_TIMEOUT, Nodes
     ],
 )
 def test_slurm_host_lists_expand_as_scontrol_show_hostnames_does(nodelist, hosts):
-    assert cluster.expand_nodelist(nodelist) == hosts
+    assert schedulers.expand_nodelist(nodelist) == hosts
 
 
 @pytest.mark.parametrize("nodelist", ["node[01-04", "node01]", "a[x-3]", "a[5-3]", "a,,b", ""])
 def test_a_host_list_that_cannot_be_read_is_refused(nodelist):
     with pytest.raises(ValueError):
-        cluster.expand_nodelist(nodelist)
+        schedulers.expand_nodelist(nodelist)
 
 
 def test_the_port_of_a_slurm_job_is_the_same_on_every_node_and_below_the_ephemeral_range():
-    assert cluster.slurm_port("1234567") == cluster.slurm_port(1234567) == 15000 + 1234567 % 15000
-    assert cluster.slurm_port("1234_7") == cluster.slurm_port("12347")  # an array job's id
-    ports = {cluster.slurm_port(job) for job in range(0, 200000, 7)}
+    assert schedulers.slurm_port("1234567") == schedulers.slurm_port(1234567) == 15000 + 1234567 % 15000
+    assert schedulers.slurm_port("1234_7") == schedulers.slurm_port("12347")  # an array job's id
+    ports = {schedulers.slurm_port(job) for job in range(0, 200000, 7)}
     assert min(ports) >= 15000 and max(ports) < 30000 and len(ports) > 10000
 
 
@@ -56,15 +56,37 @@ def test_slurm_forms_the_same_job_with_no_node_flags():
     env = {"SLURM_NNODES": "4", "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "gpu[07-10]", "SLURM_JOB_ID": "987654"}
     nodes = cluster.resolve(env=env)
     assert (nodes.count, nodes.node, nodes.source) == (4, 2, "SLURM")
-    assert nodes.endpoint == f"gpu07:{cluster.slurm_port('987654')}" and nodes.timeout == DEFAULT_RENDEZVOUS_TIMEOUT
+    assert nodes.endpoint == f"gpu07:{schedulers.slurm_port('987654')}" and nodes.timeout == DEFAULT_RENDEZVOUS_TIMEOUT
     older = {"SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_NODELIST": "a[1,3]", "SLURM_JOBID": "5"}
     assert cluster.resolve(env=older).endpoint == "a1:15005"
     # MASTER_ADDR and MASTER_PORT win when set, and a flag wins over everything
     assert cluster.resolve(env={**env, "MASTER_ADDR": "head", "MASTER_PORT": "23456"}).endpoint == "head:23456"
-    assert cluster.resolve(env={**env, "MASTER_ADDR": "head"}).endpoint == f"head:{cluster.slurm_port('987654')}"
+    assert cluster.resolve(env={**env, "MASTER_ADDR": "head"}).endpoint == f"head:{schedulers.slurm_port('987654')}"
     assert cluster.resolve(None, 3, "x:1", "30s", env=env) == Nodes(4, 3, "x:1", 30.0, "SLURM")
     assert cluster.resolve(env={**env, "SLURM_NNODES": "1"}) is None  # a job of one node
     assert cluster.resolve(1, env=env) is None  # --nnodes 1: this machine alone, inside a bigger allocation
+
+
+def test_another_scheduler_is_one_more_backend_with_its_own_variables(monkeypatch):
+    class Pbs:
+        name = "PBS"
+
+        def nodes(self, env):
+            return int(env["PBS_NNODES"]) if "PBS_NNODES" in env else None
+
+        def node(self, env):
+            return 1
+
+        def first_host(self, env):
+            return "head"
+
+        def port(self, env):
+            return 4242
+
+    monkeypatch.setattr(cluster, "SCHEDULERS", (Pbs(), *schedulers.SCHEDULERS))
+    assert cluster.resolve(env={"PBS_NNODES": "2"}) == Nodes(2, 1, "head:4242", DEFAULT_RENDEZVOUS_TIMEOUT, "PBS")
+    assert cluster.resolve(env={}) is None  # its variables say no job: one machine
+    assert cluster.resolve(2, 0, env={}).endpoint == "head:4242"  # the flags first, then the scheduler's endpoint
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from rocm_yolo.patches import dataloader as patch
+from rocm_yolo.patches.loaders import dataloader as patch
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.profiles import resolve
 

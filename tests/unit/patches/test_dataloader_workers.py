@@ -20,8 +20,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from rocm_yolo.patches import dataloader as patch
-from rocm_yolo.patches import worker_deaths
+from rocm_yolo.patches.loaders import dataloader as patch
+from rocm_yolo.patches.loaders import worker_deaths
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.profiles import resolve
 from rocm_yolo.trainer.loaders import forkserver
@@ -135,7 +135,7 @@ import sys
 sys.path.insert(0, {here!r})
 import torch
 from torch.utils.data import DataLoader, TensorDataset
-from rocm_yolo.patches import dataloader as patch
+from rocm_yolo.patches.loaders import dataloader as patch
 from rocm_yolo.run.profiles import resolve
 from rocm_yolo.trainer.loaders import forkserver
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rocm_yolo.patches import epoch_save
+from rocm_yolo.patches.saves import epoch_save
 from rocm_yolo.process import lifecycle
 
 

@@ -11,7 +11,7 @@ import logging
 
 import torch
 
-from rocm_yolo.patches import final_save
+from rocm_yolo.patches.saves import final_save
 
 
 def _checkpoint(path):

@@ -21,8 +21,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from rocm_yolo.patches import dataloader as patch
-from rocm_yolo.patches import threads as thread_patch
+from rocm_yolo.patches.loaders import dataloader as patch
+from rocm_yolo.patches.loaders import threads as thread_patch
 from rocm_yolo.run.profiles import resolve
 
 THREADS = resolve("threads", None, cpu_count=2).loader  # 2 loader threads, prefetch 2

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rocm_yolo.patches import trainloop
+from rocm_yolo.patches.saves import trainloop
 
 
 class Toy:

@@ -53,7 +53,15 @@ def test_start_up_is_reported_step_by_step_until_the_first_trained_batch(tmp_pat
     writer.on_train_epoch_start(trainer)
     beats = reader.read()
     assert [hb.startup for hb in beats] == ["", heartbeat.DATA, heartbeat.FIRST_BATCH, heartbeat.FIRST_STEP, "", ""]
-    assert set(heartbeat.STEPS) == {"", heartbeat.DATA, heartbeat.FIRST_BATCH, heartbeat.FIRST_STEP}
+    assert set(heartbeat.STEPS) == {"", heartbeat.DATA, heartbeat.WORKERS, heartbeat.FIRST_BATCH, heartbeat.FIRST_STEP}
+    os.close(write_end)
+    reader.close()
+    # spawned workers each import torch before the first batch: that wait is start-up, not the loader's
+    read_end, write_end = os.pipe()
+    spawned = HeartbeatWriter(tmp_path / "hb2.json", pipe_fd=write_end, clock=lambda: 0.0, spawned_workers=True)
+    reader = PipeReader(read_end)
+    spawned.on_train_epoch_start(trainer)
+    assert reader.read()[-1].startup == heartbeat.WORKERS
     os.close(write_end)
     reader.close()
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from rocm_yolo.run import devices
-from rocm_yolo.run.devices import (
+from rocm_yolo.run.heartbeat import parse
+from rocm_yolo.run.nodes import (
     Nodes,
     NodeStop,
     Round,
@@ -15,7 +16,6 @@ from rocm_yolo.run.devices import (
     record_stop,
     stopped_node,
 )
-from rocm_yolo.run.heartbeat import parse
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.profiles import resolve
 from rocm_yolo.run.spec import RunSpec, latest_spec, next_attempt

@@ -266,7 +266,7 @@ def test_ctrl_z_stops_the_tree_with_the_supervisor_and_the_time_stopped_is_no_ha
 def test_on_several_machines_restarts_join_the_round_every_node_agrees_on_and_a_missing_node_ends_the_run(spec):
     """A crash moves each node to the next round, on that round's profile (the first node to restart opened it);
     a node that did not come to the rendezvous ends the run with exit 1 and no restart."""
-    from rocm_yolo.run.devices import Nodes, join_round, mark_round_started, read_round
+    from rocm_yolo.run.nodes import Nodes, join_round, mark_round_started, read_round
 
     nodes = Nodes(count=2, node=1, endpoint="127.0.0.1:29400", round=1)
     spec = replace(spec, nodes=nodes, train_args={"epochs": 3, "device": "0,1"})

@@ -12,8 +12,8 @@ from fakes import Clock, ScriptedChild, beat, supervisor
 from helpers import fake_checkpoint, prepare
 from rocm_yolo.run.supervisor_state import read_state
 from rocm_yolo.supervisor.config import WatchdogConfig
+from rocm_yolo.supervisor.recovery import RecoveryTracker
 from rocm_yolo.supervisor.restart import next_spec
-from rocm_yolo.supervisor.worklost import WorkLost
 
 
 def test_restarts_and_resumes_start_from_the_users_request_not_from_a_profiles_cut(tiny_data, tmp_path):
@@ -45,7 +45,7 @@ def at(seq, epoch, batch, total, *, phase="train", pid=100, t=0.0):
 
 
 def test_work_lost_per_restart_is_measured_from_heartbeats():
-    work = WorkLost()
+    work = RecoveryTracker()
     work.observe(at(1, 2, 14, 38, t=50))
     work.failed("hang", now=60, detect_seconds=10)
     first = at(1, 2, 11, 1, t=1090)  # the trainer's clock: retraining is timed by it, restarts by the supervisor's
@@ -113,7 +113,7 @@ def test_where_a_hang_stopped_is_the_last_finished_batch_not_the_last_record(tmp
     writer.on_train_epoch_start(trainer)
     for _ in range(40):
         writer.on_train_batch_end(trainer)
-    reader, work = PipeReader(read_end), WorkLost()
+    reader, work = PipeReader(read_end), RecoveryTracker()
     for hb in reader.read():
         work.observe(hb)
     assert work.at == [2, 40]  # the 40th batch of epoch 2, though the last full record was the first batch's

@@ -14,8 +14,8 @@ import fakes
 from fakes import Clock, ScriptedChild
 from helpers import fake_checkpoint
 from rocm_yolo import errors
-from rocm_yolo.run.devices import Nodes, NodeStop, join_round, mark_round_started, read_round, record_stop
 from rocm_yolo.run.events import RunLog, read_events
+from rocm_yolo.run.nodes import Nodes, NodeStop, join_round, mark_round_started, read_round, record_stop
 from rocm_yolo.run.supervisor_state import State
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.restart import remove_cut_writes, tell_other_nodes, tidy_finished

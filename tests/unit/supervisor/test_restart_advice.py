@@ -5,8 +5,8 @@ from __future__ import annotations
 import ast
 from dataclasses import replace
 
-from rocm_yolo.run.devices import Nodes
 from rocm_yolo.run.events import FROM_PYTHON
+from rocm_yolo.run.nodes import Nodes
 from rocm_yolo.supervisor.restart import resume_command
 
 

@@ -10,13 +10,22 @@ from rocm_yolo.testing.faults import Injector
 from rocm_yolo.testing.recorder import BatchRecorder
 from rocm_yolo.trainer.callbacks.heartbeat_writer import HeartbeatWriter
 from rocm_yolo.trainer.callbacks.registry import CALLBACK_EVENTS, callbacks_of, register
-from rocm_yolo.trainer.callbacks.run_hooks import RunHooks
 from rocm_yolo.trainer.callbacks.trackers import Trackers
+from rocm_yolo.trainer.callbacks.trainer_settings import TrainerSettings
 from rocm_yolo.trainer.checkpointing.restore import MidEpochResume
 from rocm_yolo.trainer.checkpointing.save import MidEpochSave
 from rocm_yolo.trainer.loaders.forkserver import ServerReady
 
-OWNERS = (RunHooks, HeartbeatWriter, MidEpochSave, MidEpochResume, Injector, BatchRecorder, Trackers, ServerReady)
+OWNERS = (
+    TrainerSettings,
+    HeartbeatWriter,
+    MidEpochSave,
+    MidEpochResume,
+    Injector,
+    BatchRecorder,
+    Trackers,
+    ServerReady,
+)
 
 
 def test_every_callback_method_is_an_event_ultralytics_fires():

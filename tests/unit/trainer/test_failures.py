@@ -7,7 +7,7 @@ import os
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from rocm_yolo.patches import dataloader as patch
+from rocm_yolo.patches.loaders import dataloader as patch
 
 
 def test_a_worker_killed_while_handing_over_a_batch_is_named_in_the_crash():

@@ -1,21 +1,22 @@
-"""The plumbing of a multi-GPU run, in-process: devices, the launcher's relay and exit code, the ranks' heartbeats,
-faults aimed at one rank, and the DistributedSampler's order replayed from inside a pass."""
+"""The plumbing of a multi-GPU run, in-process: devices, the ranks' heartbeats as the supervisor reads them, faults
+aimed at one rank or node, a rank's global world size, and the DistributedSampler's order replayed from inside a
+pass (the DDP launcher's side: tests/unit/ddp)."""
 
 from __future__ import annotations
 
 import json
 import os
+import types
 
 import pytest
 import torch
 
-from rocm_yolo import errors
 from rocm_yolo.run import devices, heartbeat
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.supervisor.trainer_process import PipeReader
 from rocm_yolo.testing import faults
-from rocm_yolo.trainer.agent import launcher
 from rocm_yolo.trainer.checkpointing import sample_order
+from rocm_yolo.trainer.rank import trainer_class
 
 
 @pytest.mark.parametrize(
@@ -47,42 +48,6 @@ def test_a_batch_must_divide_by_the_gpus():
 def test_a_rank_knows_itself_from_torch_distributed_run():
     assert devices.rank({}) is None
     assert devices.rank({"LOCAL_RANK": "1", "RANK": "1", "WORLD_SIZE": "2"}) == 1
-
-
-@pytest.mark.parametrize(
-    "code, exits, expected",
-    [
-        (0, {0: 0, 1: 0}, errors.OK),
-        (1, {0: 143}, errors.FAILED),  # rank 1 SIGKILLed, rank 0 stopped by torch.distributed.run: a crash
-        (1, {0: errors.USAGE, 1: 143}, errors.USAGE),  # a user error is not retried
-        (1, {0: errors.SETUP, 1: errors.INTERNAL}, errors.SETUP),
-        (0, {0: 0}, errors.OK),  # torch.distributed.run exits 0 only when every rank did (a lost line is no crash)
-        (errors.SETUP, {}, errors.SETUP),  # torch's launcher itself could not start: a broken torch
-    ],
-)
-def test_the_runs_exit_code_is_what_the_ranks_said(code, exits, expected):
-    assert launcher.outcome(code, exits) == expected
-
-
-def test_the_relay_copies_whole_lines_and_keeps_each_ranks_exit_code(tmp_path):
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    read_end, write_end = os.pipe()
-    relay = launcher.Relay(fifo, write_end)
-    relay.start()
-    ranks = [os.open(fifo, os.O_WRONLY) for _ in range(2)]
-    for rank, fd in enumerate(ranks):
-        os.write(fd, json.dumps({"rank": rank, "seq": 1}).encode() + b"\n")
-        os.write(fd, (heartbeat.exit_line(rank, rank * errors.USAGE) + "\n").encode())
-        os.close(fd)
-    relay.stop()
-    os.close(write_end)
-    lines = os.read(read_end, 65536).decode().splitlines()
-    os.close(read_end)
-    assert sorted(json.loads(line)["rank"] for line in lines if line.startswith("{")) == [0, 1]
-    said = sorted(heartbeat.parse_exit(line) for line in lines if not line.startswith("{"))
-    assert said == [(0, errors.OK), (1, errors.USAGE)]  # relayed: the supervisor knows the ranks end
-    assert relay.exits == {0: errors.OK, 1: errors.USAGE} and not relay.is_alive()  # and kept for the outcome
 
 
 def test_the_supervisors_reader_keeps_the_exit_lines_apart_from_the_records():
@@ -144,3 +109,42 @@ def test_a_distributed_pass_is_replayed_from_the_epoch_it_was_drawn_with():
     inner.set_epoch(4)  # Ultralytics moved on (or workers prefetched across set_epoch): the saved value counts
     sampler.resume_next_pass(saved, 4)
     assert list(sampler) == whole[4:]
+
+
+def test_a_rank_trains_with_the_global_world_size(monkeypatch):
+    class Base:
+        def __init__(self, *args, **kwargs):
+            self.world_size = 2  # Ultralytics: the ids of --device, this node's GPUs
+            self.ran = []
+
+        def run_callbacks(self, event):
+            self.ran.append(event)
+
+        def get_dataloader(self, path, batch_size=16, rank=0, mode="train"):
+            return (path, batch_size, rank, mode)
+
+    model = types.SimpleNamespace(task="detect", task_map={"detect": {"trainer": Base}})
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    trainer = trainer_class(model, nodes=2)()
+    assert trainer.world_size == 4 and trainer.ran == ["on_pretrain_routine_start"]  # Ultralytics: rank 0 only
+    assert trainer.get_dataloader("train", 8, rank=-1) == ("train", 8, -1, "train")  # no process group here
+    assert trainer.get_dataloader("train", 8, rank=0, mode="val") == ("train", 8, 0, "val")
+    monkeypatch.setenv("RANK", "0")
+    assert trainer_class(model)().ran == []
+
+
+def test_a_fault_aims_at_the_first_rank_of_a_node(monkeypatch):
+    [fault] = faults.parse("worker-hang@2:1:n1")
+    assert (fault.epoch, fault.batch, fault.rank, fault.node) == (2, 1, None, 1)
+    monkeypatch.setenv("ROCM_YOLO_NODE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("RANK", "2")
+    assert fault.aimed_here()
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert not fault.aimed_here()
+    monkeypatch.setenv("ROCM_YOLO_NODE", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert not fault.aimed_here()
+    assert faults.parse("kill@1:2:3")[0].aimed_here() is False and faults.parse("kill@1:2:2")[0].aimed_here()

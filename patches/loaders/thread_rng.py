@@ -27,8 +27,10 @@ from typing import Callable
 
 import numpy as np
 
+from rocm_yolo.patches.swap import Swaps
+
 _local = threading.local()
-_originals: dict[tuple[object, str], Callable] = {}  # (module, name) -> the original attribute
+_swaps = Swaps()  # the module-level functions of random and numpy.random
 
 
 def _random_names() -> list[str]:
@@ -64,7 +66,6 @@ def _dispatcher(original: Callable, slot: str, method: str) -> Callable:
     dispatch.__name__ = getattr(original, "__name__", method)
     dispatch.__doc__ = getattr(original, "__doc__", None)
     dispatch.__wrapped__ = original
-    dispatch.__rocm_yolo_patch__ = True
     return dispatch
 
 
@@ -74,26 +75,22 @@ def patchable() -> bool:
 
 
 def installed() -> bool:
-    return bool(_originals)
+    return _swaps.installed()
 
 
 def install() -> None:
     """Make the module-level functions dispatch to the calling thread's generators (idempotent)."""
-    if _originals:
+    if _swaps.installed():
         return
     for module, names, slot in ((random, _random_names(), "random"), (np.random, _numpy_names(), "numpy")):
         for name in names:
-            original = getattr(module, name)
             method = _NUMPY_ALIASES.get(name, name) if module is np.random else name
-            _originals[(module, name)] = original
-            setattr(module, name, _dispatcher(original, slot, method))
+            _swaps.replace(module, name, lambda original, slot=slot, method=method: _dispatcher(original, slot, method))
 
 
 def uninstall() -> None:
     """Put every original function object back; a no-op when not installed."""
-    for (module, name), original in _originals.items():
-        setattr(module, name, original)
-    _originals.clear()
+    _swaps.restore()
 
 
 def bind(random_seed: int, numpy_seed) -> None:

@@ -1,4 +1,5 @@
-"""What rocm-yolo adds to an Ultralytics training run: ordinary Ultralytics callbacks (:class:`RunHooks`).
+"""The run's settings held on Ultralytics' trainer and its loaders: ordinary Ultralytics callbacks
+(:class:`TrainerSettings`).
 
 - ``on_pretrain_routine_start`` sees the trainer right after ``BaseTrainer.__init__`` set
   ``args.workers = 0`` for CPU/MPS: it restores the requested count (saying so), enforces the
@@ -16,12 +17,15 @@ from __future__ import annotations
 import functools
 import os
 
-from rocm_yolo.patches import dataloader as loader_patch
+from rocm_yolo.patches.loaders import dataloader as loader_patch
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.spec import RunSpec
 
 
-class RunHooks:
+class TrainerSettings:
+    """Keeps the run's settings in force where Ultralytics would change or drop them: workers, ``val``, the presets,
+    the epochs of an extended resume; tags each loader's role, and gives a non-persistent profile fresh workers."""
+
     def __init__(self, spec: RunSpec, log: RunLog, arg_presets: dict | None = None):
         self.spec = spec
         self.log = log

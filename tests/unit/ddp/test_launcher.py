@@ -1,6 +1,6 @@
-"""More than one machine, the launcher's side: torch's launcher with the c10d rendezvous, the wait, a rendezvous
-tried again, the nodes that did not come, a node that stopped for good, success judged by the ranks, torch's agent
-quiet once its ranks finished; the ranks' world size; faults aimed at a node."""
+"""The DDP launcher: the run's exit code from the ranks', the relay of their heartbeats; on more than one machine
+torch's launcher with the c10d rendezvous, the wait, a rendezvous tried again, the nodes that did not come, a node
+that stopped for good, success judged by the ranks, torch's agent quiet once its ranks finished."""
 
 from __future__ import annotations
 
@@ -12,16 +12,19 @@ import sys
 import time
 import types
 
+import pytest
+
 from rocm_yolo import errors
-from rocm_yolo.run.devices import Nodes, NodeStop, join_round, record_stop
+from rocm_yolo.ddp import launcher, rendezvous
+from rocm_yolo.ddp.relay import Relay
+from rocm_yolo.ddp.rendezvous import NodeRendezvous
+from rocm_yolo.ddp.torchrun import RENDEZVOUS_FAILED, RENDEZVOUS_TIMEOUT
+from rocm_yolo.run import heartbeat
 from rocm_yolo.run.events import RunLog
+from rocm_yolo.run.nodes import Nodes, NodeStop, join_round, record_stop
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.profiles import resolve
 from rocm_yolo.run.spec import RunSpec
-from rocm_yolo.testing import faults
-from rocm_yolo.trainer.agent import launcher, ranks, rendezvous
-from rocm_yolo.trainer.agent.rendezvous import Meeting
-from rocm_yolo.trainer.agent.torchrun import RENDEZVOUS_FAILED, RENDEZVOUS_TIMEOUT
 
 
 def node_spec(tmp_path, node=0, count=3, timeout=100.0, round_number=2) -> RunSpec:
@@ -46,10 +49,10 @@ def quiet() -> RunLog:
 
 def test_each_node_starts_torchs_launcher_on_the_c10d_rendezvous_of_its_round(tmp_path):
     clock = Clock()
-    meeting = Meeting(node_spec(tmp_path), quiet(), clock=clock)
-    cmd = meeting.command("spec.json", 2, "torchrun.log")
+    rdzv = NodeRendezvous(node_spec(tmp_path), quiet(), clock=clock)
+    cmd = rdzv.command("spec.json", 2, "torchrun.log")
     flags = dict(zip(cmd[4::2], cmd[5::2]))
-    assert cmd[2:4] == ["rocm_yolo.trainer.agent.torchrun", "torchrun.log"] and cmd[-3:] == [
+    assert cmd[2:4] == ["rocm_yolo.ddp.torchrun", "torchrun.log"] and cmd[-3:] == [
         "-m",
         "rocm_yolo.trainer",
         "spec.json",
@@ -59,26 +62,26 @@ def test_each_node_starts_torchs_launcher_on_the_c10d_rendezvous_of_its_round(tm
     assert flags["--rdzv-conf"] == "join_timeout=100" and flags["--max-restarts"] == "0"
     assert "--node-rank" not in cmd and "--master_port" not in cmd  # c10d assigns the group ranks
     clock.now += 70.5  # a second try waits only for what is left of --rdzv-timeout
-    assert "join_timeout=30" in meeting.command("spec.json", 2, "torchrun.log")
+    assert "join_timeout=30" in rdzv.command("spec.json", 2, "torchrun.log")
 
 
 def test_a_rendezvous_that_fails_before_any_rank_runs_is_tried_again_while_time_is_left(tmp_path, monkeypatch):
     monkeypatch.setattr(time, "sleep", lambda s: None)
     clock = Clock()
-    meeting = Meeting(node_spec(tmp_path, timeout=60.0), quiet(), clock=clock)
-    assert meeting.again(RENDEZVOUS_FAILED, heard=False)  # the store went away with an old round's agent
-    assert not meeting.again(RENDEZVOUS_FAILED, heard=True)  # the ranks ran: a crash for the supervisor
-    assert not meeting.again(RENDEZVOUS_TIMEOUT, heard=False) and not meeting.again(1, heard=False)
+    rdzv = NodeRendezvous(node_spec(tmp_path, timeout=60.0), quiet(), clock=clock)
+    assert rdzv.again(RENDEZVOUS_FAILED, heard=False)  # the store went away with an old round's agent
+    assert not rdzv.again(RENDEZVOUS_FAILED, heard=True)  # the ranks ran: a crash for the supervisor
+    assert not rdzv.again(RENDEZVOUS_TIMEOUT, heard=False) and not rdzv.again(1, heard=False)
     clock.now += 59
-    assert not meeting.again(RENDEZVOUS_FAILED, heard=False)  # no time left
-    assert meeting.missed(RENDEZVOUS_TIMEOUT, False) and meeting.missed(RENDEZVOUS_FAILED, False)
-    assert not meeting.missed(RENDEZVOUS_FAILED, True) and not meeting.missed(1, False)
+    assert not rdzv.again(RENDEZVOUS_FAILED, heard=False)  # no time left
+    assert rdzv.missed(RENDEZVOUS_TIMEOUT, False) and rdzv.missed(RENDEZVOUS_FAILED, False)
+    assert not rdzv.missed(RENDEZVOUS_FAILED, True) and not rdzv.missed(1, False)
 
 
 def test_the_nodes_missing_are_those_not_waiting_in_this_round(tmp_path):
     spec = node_spec(tmp_path, node=0, count=4, round_number=3)
-    meeting = Meeting(spec, quiet())
-    meeting.mark()
+    rdzv = NodeRendezvous(spec, quiet())
+    rdzv.mark()
     paths = RunPaths(tmp_path, None)
     waiting = {"round": 3, "endpoint": "head:29400", "pid": 1, "time": 0}
     paths.for_node(1).node_dir.mkdir(parents=True)
@@ -88,12 +91,12 @@ def test_the_nodes_missing_are_those_not_waiting_in_this_round(tmp_path):
     paths.for_node(3).node_dir.mkdir(parents=True)
     stale = paths.for_node(3).rendezvous
     stale.write_text(json.dumps(waiting))
-    old = meeting.paths.rendezvous.stat().st_mtime - 600
+    old = rdzv.paths.rendezvous.stat().st_mtime - 600
     os.utime(stale, (old, old))  # waited here once, then went away (its file is not rewritten)
-    assert meeting.missing() == [2, 3]
+    assert rdzv.missing() == [2, 3]
     lines = []
-    meeting.log = types.SimpleNamespace(event=lambda kind, line, **fields: lines.append(line))
-    assert meeting.give_up() == errors.NODES_MISSING
+    rdzv.log = types.SimpleNamespace(event=lambda kind, line, **fields: lines.append(line))
+    assert rdzv.give_up() == errors.NODES_MISSING
     [line] = lines
     assert line.startswith("node 2 and node 3 of 4 did not come to the rendezvous at head:29400 within 100 s")
     assert f"rocm-yolo train --resume {tmp_path}" in line and "\n" not in line
@@ -105,26 +108,26 @@ def test_once_another_node_stopped_for_good_this_nodes_agent_is_stopped_waiting_
     spec = node_spec(tmp_path, node=0, count=2, round_number=2)
     join_round(spec.paths, "fast", after=1)
     clock = Clock()
-    meeting = Meeting(spec, quiet(), clock=clock)
+    rdzv = NodeRendezvous(spec, quiet(), clock=clock)
     agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         record_stop(spec.paths.for_node(0), NodeStop(0, 1, "mine"), 2, "fast")  # its own stop: not a reason
-        meeting._halt(agent)
-        assert agent.poll() is None and meeting.halted is None
+        rdzv._halt(agent)
+        assert agent.poll() is None and rdzv.halted is None
         spec.paths.round.unlink()
         join_round(spec.paths, "fast", after=1)
         record_stop(spec.paths.for_node(1), NodeStop(1, errors.INTERNAL, "internal error: KeyError"), 2, "fast")
-        assert meeting.wait(agent, heard=lambda: False) == -signal.SIGTERM
+        assert rdzv.wait(agent, heard=lambda: False) == -signal.SIGTERM
     finally:
         agent.kill()
-    assert meeting.halted == NodeStop(1, errors.INTERNAL, "internal error: KeyError")
-    assert not meeting.again(RENDEZVOUS_FAILED, heard=False)
+    assert rdzv.halted == NodeStop(1, errors.INTERNAL, "internal error: KeyError")
+    assert not rdzv.again(RENDEZVOUS_FAILED, heard=False)
     stuck = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # as if it had not stopped
     try:
-        meeting._halt(stuck)  # halted already: within the grace, nothing more
+        rdzv._halt(stuck)  # halted already: within the grace, nothing more
         assert stuck.poll() is None
         clock.now += rendezvous.HALT_GRACE + 1
-        assert meeting.wait(stuck, heard=lambda: True) == -signal.SIGKILL
+        assert rdzv.wait(stuck, heard=lambda: True) == -signal.SIGKILL
     finally:
         stuck.kill()
 
@@ -137,7 +140,7 @@ def test_once_this_nodes_ranks_all_ended_their_training_torchs_agent_talks_into_
         "import os, sys\n"
         "from torch.distributed.elastic.agent.server.api import SimpleElasticAgent\n"
         "SimpleElasticAgent._exit_barrier = lambda self: os.write(2, b'recvVector failed\\n')\n"
-        "from rocm_yolo.trainer.agent import torchrun\n"
+        "from rocm_yolo.ddp import torchrun\n"
         "torchrun._teardown_into(sys.argv[1])\n"
         "torchrun._teardown_into(sys.argv[1])\n"  # once is enough
         "os.write(2, b'training\\n')\n"
@@ -150,6 +153,42 @@ def test_once_this_nodes_ranks_all_ended_their_training_torchs_agent_talks_into_
     assert log.read_text() == "recvVector failed\nteardown\n"
 
 
+@pytest.mark.parametrize(
+    "code, exits, expected",
+    [
+        (0, {0: 0, 1: 0}, errors.OK),
+        (1, {0: 143}, errors.FAILED),  # rank 1 SIGKILLed, rank 0 stopped by torch.distributed.run: a crash
+        (1, {0: errors.USAGE, 1: 143}, errors.USAGE),  # a user error is not retried
+        (1, {0: errors.SETUP, 1: errors.INTERNAL}, errors.SETUP),
+        (0, {0: 0}, errors.OK),  # torch.distributed.run exits 0 only when every rank did (a lost line is no crash)
+        (errors.SETUP, {}, errors.SETUP),  # torch's launcher itself could not start: a broken torch
+    ],
+)
+def test_the_runs_exit_code_is_what_the_ranks_said(code, exits, expected):
+    assert launcher.outcome(code, exits) == expected
+
+
+def test_the_relay_copies_whole_lines_and_keeps_each_ranks_exit_code(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    read_end, write_end = os.pipe()
+    relay = Relay(fifo, write_end)
+    relay.start()
+    ranks = [os.open(fifo, os.O_WRONLY) for _ in range(2)]
+    for rank, fd in enumerate(ranks):
+        os.write(fd, json.dumps({"rank": rank, "seq": 1}).encode() + b"\n")
+        os.write(fd, (heartbeat.exit_line(rank, rank * errors.USAGE) + "\n").encode())
+        os.close(fd)
+    relay.stop()
+    os.close(write_end)
+    lines = os.read(read_end, 65536).decode().splitlines()
+    os.close(read_end)
+    assert sorted(json.loads(line)["rank"] for line in lines if line.startswith("{")) == [0, 1]
+    said = sorted(heartbeat.parse_exit(line) for line in lines if not line.startswith("{"))
+    assert said == [(0, errors.OK), (1, errors.USAGE)]  # relayed: the supervisor knows the ranks end
+    assert relay.exits == {0: errors.OK, 1: errors.USAGE} and not relay.is_alive()  # and kept for the outcome
+
+
 def test_success_is_every_rank_of_this_node_ending_its_training_whatever_torchs_launcher_says():
     assert launcher.outcome(0, {}) == errors.OK
     # the agent that did not host the rendezvous' store exits 1 at the end (DistNetworkError): training is done
@@ -159,40 +198,24 @@ def test_success_is_every_rank_of_this_node_ending_its_training_whatever_torchs_
     assert launcher.outcome(1, {2: errors.USAGE, 3: 1}, ranks=2) == errors.USAGE
 
 
-def test_a_rank_trains_with_the_global_world_size(monkeypatch):
-    class Base:
-        def __init__(self, *args, **kwargs):
-            self.world_size = 2  # Ultralytics: the ids of --device, this node's GPUs
-            self.ran = []
+def test_a_stop_reaches_torchs_agent_once_however_often_it_comes(tmp_path):
+    """SLURM's scancel signals every process of the step, the supervisor's kill signals the launcher too: torch's
+    agent gets one SIGTERM, so its wait for its ranks (and their saves) is not cut short by the next."""
+    import threading
 
-        def run_callbacks(self, event):
-            self.ran.append(event)
-
-        def get_dataloader(self, path, batch_size=16, rank=0, mode="train"):
-            return (path, batch_size, rank, mode)
-
-    model = types.SimpleNamespace(task="detect", task_map={"detect": {"trainer": Base}})
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    monkeypatch.setenv("RANK", "2")
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    trainer = ranks.trainer_class(model, nodes=2)()
-    assert trainer.world_size == 4 and trainer.ran == ["on_pretrain_routine_start"]  # Ultralytics: rank 0 only
-    assert trainer.get_dataloader("train", 8, rank=-1) == ("train", 8, -1, "train")  # no process group here
-    assert trainer.get_dataloader("train", 8, rank=0, mode="val") == ("train", 8, 0, "val")
-    monkeypatch.setenv("RANK", "0")
-    assert ranks.trainer_class(model)().ran == []
-
-
-def test_a_fault_aims_at_the_first_rank_of_a_node(monkeypatch):
-    [fault] = faults.parse("worker-hang@2:1:n1")
-    assert (fault.epoch, fault.batch, fault.rank, fault.node) == (2, 1, None, 1)
-    monkeypatch.setenv("ROCM_YOLO_NODE", "1")
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.setenv("RANK", "2")
-    assert fault.aimed_here()
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    assert not fault.aimed_here()
-    monkeypatch.setenv("ROCM_YOLO_NODE", "0")
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    assert not fault.aimed_here()
-    assert faults.parse("kill@1:2:3")[0].aimed_here() is False and faults.parse("kill@1:2:2")[0].aimed_here()
+    count = tmp_path / "sigterms"
+    code = (
+        "import signal, sys, time\n"
+        f"def on(s, f): open({str(count)!r}, 'a').write('x')\n"
+        "signal.signal(signal.SIGTERM, on)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(3)\n"
+    )
+    agent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert agent.stdout.readline().strip() == "ready"
+    relay = types.SimpleNamespace(forget_path=lambda: None, heard=False)
+    for delay in (0.2, 0.6, 1.0):  # three stops, as scancel's and the supervisor's may come
+        threading.Timer(delay, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    code, stopped = launcher._wait(agent, start=None, relay=relay, rdzv=None)
+    assert stopped == signal.SIGTERM and code == 0
+    assert count.read_text() == "x"  # forwarded once

@@ -2,7 +2,7 @@
 
 A restart costs the time to notice the hang, the restart itself (stack dump, kill, new process,
 resume, worker start-up) and the batches trained again: those between the checkpoint the new
-attempt resumed from and the position the failed attempt had reached. :class:`WorkLost` turns
+attempt resumed from and the position the failed attempt had reached. :class:`RecoveryTracker` turns
 the supervisor's heartbeats into one :class:`~rocm_yolo.run.supervisor_state.Recovery` per restart::
 
     Recovery(attempt=2, cause="hang", lost_at=[2, 4886], resumed_at=[2, 4880], batches=41163,
@@ -32,7 +32,7 @@ class _Failure:  # an attempt that failed, until the next one trains its first b
     failure: str | None = None  # its class (diagnosis.diagnose)
 
 
-class WorkLost:
+class RecoveryTracker:
     def __init__(self):
         self.records: list[Recovery] = []
         self.batches = 0  # training batches per epoch, from the latest training heartbeat

@@ -1,14 +1,15 @@
-"""A rank of a multi-GPU run: a training child started by ``torch.distributed.run`` (see :mod:`.launcher`).
+"""A rank of a multi-GPU run: a training child started by ``torch.distributed.run``, which the DDP launcher
+started (:mod:`rocm_yolo.ddp.launcher`).
 
 It trains as a one-GPU child does, with three differences:
 
-- its heartbeat lines go into the launcher's FIFO (:func:`reporting` opens it), and its last
-  line says its exit code;
+- its heartbeat lines go into the launcher's FIFO (:func:`reporting` opens it; :mod:`rocm_yolo.ddp.relay`
+  relays them), and its last line says its exit code;
 - above rank 0 it leaves the run's files to rank 0: rank 0 writes the checkpoints, the
   heartbeat file ``heartbeat.json`` and the header; the others write
   ``heartbeat-rankN.json`` and prefix their lines with their rank;
 - above rank 0 it runs ``on_pretrain_routine_start`` itself (:func:`trainer_class`):
-  Ultralytics runs that callback on rank 0 only, and rocm-yolo's run hooks set the loaders up
+  Ultralytics runs that callback on rank 0 only, and rocm-yolo's trainer settings set the loaders up
   in it.
 
 On more than one machine three more, each at the narrowest point (:func:`trainer_class`,

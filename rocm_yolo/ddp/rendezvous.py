@@ -1,4 +1,4 @@
-"""More than one machine: the launcher's side of torch's c10d rendezvous (torch-free).
+"""More than one machine: the DDP launcher's side of torch's c10d rendezvous (torch-free).
 
 Each node's launcher starts its node's agent, as ``torchrun`` would be started on each machine::
 
@@ -8,7 +8,7 @@ Each node's launcher starts its node's agent, as ``torchrun`` would be started o
 
 - **No restarts of torch's own** (``--max-restarts 0``): the node's supervisor restarts its tree
   after a hang or a crash, as on one machine, and the nodes meet again in the next **round**, the
-  same on every node (:func:`rocm_yolo.run.devices.join_round`). A round has a rendezvous id of its
+  same on every node (:func:`rocm_yolo.run.nodes.join_round`). A round has a rendezvous id of its
   own: torch closes a rendezvous for good when an agent ends with a failure.
 - ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: the ranks make their own store, not the rendezvous'
   one. With the shared store, restarts after a re-rendezvous hung or failed in 3 of 4 trials here
@@ -17,15 +17,15 @@ Each node's launcher starts its node's agent, as ``torchrun`` would be started o
   rewrites ``node-K/rendezvous.json`` (the round it waits in) every few seconds. A rendezvous that
   fails before any rank runs (the store went away with the agent of an old round that hosted it) is
   tried again in the same round until then. When the time is up, the nodes whose file does not
-  show them waiting in this round are the missing ones: :meth:`Meeting.give_up` names them, and the
+  show them waiting in this round are the missing ones: :meth:`NodeRendezvous.give_up` names them, and the
   run ends (exit 1).
 - **A node that stopped for good** (an internal error, a broken environment: no restart of its own) says so
-  in ``round.json`` (:func:`rocm_yolo.run.devices.record_stop`). The launcher reads it every few seconds while
+  in ``round.json`` (:func:`rocm_yolo.run.nodes.record_stop`). The launcher reads it every few seconds while
   torch's launcher runs, waiting at the rendezvous or training: once it is there, this node's agent and ranks
-  are stopped (:attr:`Meeting.halted`), and the node's supervisor stops with that node's exit code.
+  are stopped (:attr:`NodeRendezvous.halted`), and the node's supervisor stops with that node's exit code.
 - **Success is the run's own**: every rank of this node ended its training (exit 0). The agent that
   did not host the store may exit 1 at the end (``DistNetworkError``) although training finished
-  (:func:`rocm_yolo.trainer.agent.launcher.outcome`).
+  (:func:`rocm_yolo.ddp.launcher.outcome`).
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ import sys
 import time
 
 from rocm_yolo import errors
+from rocm_yolo.ddp.torchrun import RENDEZVOUS_FAILED, RENDEZVOUS_TIMEOUT
 from rocm_yolo.run.atomic import write_atomic
-from rocm_yolo.run.devices import NodeStop, stopped_node
 from rocm_yolo.run.events import RunLog
+from rocm_yolo.run.nodes import NodeStop, stopped_node
 from rocm_yolo.run.spec import RunSpec
-from rocm_yolo.trainer.agent.torchrun import RENDEZVOUS_FAILED, RENDEZVOUS_TIMEOUT
 
 MARK_EVERY = 5.0  # seconds between rewrites of node-K/rendezvous.json while this node waits
 STALE_AFTER = 30.0  # a node whose file is older than this one's by more than that is not waiting
@@ -54,8 +54,10 @@ def rendezvous_id(round_number: int) -> str:
     return f"rocm-yolo-round-{round_number}"
 
 
-class Meeting:
-    """This node's part in one round of the rendezvous, for one attempt of its launcher."""
+class NodeRendezvous:
+    """This node's part in one round of the rendezvous, for one attempt of its launcher: torch's launcher for the
+    round, the wait (this node's ``rendezvous.json``), a rendezvous tried again, the nodes missing, another node's
+    stop."""
 
     def __init__(self, spec: RunSpec, log: RunLog, clock=time.monotonic):
         self.spec, self.nodes, self.paths, self.log = spec, spec.nodes, spec.paths, log
@@ -79,7 +81,7 @@ class Meeting:
         return [
             sys.executable,
             "-m",
-            "rocm_yolo.trainer.agent.torchrun",
+            "rocm_yolo.ddp.torchrun",
             log_path,
             "--nnodes",
             str(self.nodes.count),

@@ -16,7 +16,7 @@ The design copies what torch does with worker processes, only with threads:
   deep copy of ``transforms``, whose mix transforms (Mosaic, MixUp, CutMix, CopyPaste) hold
   the dataset and now hold the copy. Everything else (labels, a ``cache='ram'`` image cache,
   file lists) is shared.
-- **its own random generators**: :mod:`rocm_yolo.patches.thread_rng` makes the module-level
+- **its own random generators**: :mod:`rocm_yolo.patches.loaders.thread_rng` makes the module-level
   ``random.*`` and ``np.random.*`` functions that Ultralytics' augmentations call dispatch to
   the calling thread's generators, seeded exactly as torch and Ultralytics seed worker
   ``i``: from the base seed torch draws from the loader's ``generator``, plus ``i``. So
@@ -59,7 +59,8 @@ from typing import Any, Callable
 import torch
 import torch.utils.data
 
-from rocm_yolo.patches import thread_rng
+from rocm_yolo.patches.loaders import thread_rng
+from rocm_yolo.patches.swap import Swaps
 from rocm_yolo.run import hooks
 from rocm_yolo.ultralytics_rules import compat
 
@@ -78,7 +79,7 @@ POLL_SECONDS = 5.0  # while waiting for a batch with no timeout: how often to ch
 OS_NAME_PREFIX = "loader-"  # loader threads' OS names: loader-train-0, loader-val-1, ...
 TRANSFORM_ATTRIBUTES = ("transforms",)  # deep-copied per thread: Ultralytics' mix transforms hold the dataset
 
-_original_get_iterator: Callable | None = None
+_swaps = Swaps()  # DataLoader._get_iterator
 _live: set = set()  # loader threads that have not finished
 _exit_hook = False
 
@@ -116,20 +117,21 @@ REQUIREMENTS = (
 
 
 def installed() -> bool:
-    return _original_get_iterator is not None
+    return _swaps.installed()
 
 
 def install() -> None:
     """Route marked loaders to :class:`ThreadedLoaderIter` and install the per-thread generators (idempotent)."""
-    global _original_get_iterator, _exit_hook
+    global _exit_hook
     thread_rng.install()
     if not _exit_hook:
         atexit.register(_stop_all_at_exit)
         _exit_hook = True
-    if _original_get_iterator is not None or not available():
-        return
-    original = torch.utils.data.DataLoader.__dict__["_get_iterator"]
+    if available():
+        _swaps.replace(torch.utils.data.DataLoader, "_get_iterator", _routing)
 
+
+def _routing(original):
     def _get_iterator(self):
         plan = getattr(self, ATTRIBUTE, None)
         if plan is None or self.num_workers != 0 or self._dataset_kind != _DatasetKind.Map:
@@ -137,17 +139,12 @@ def install() -> None:
         return ThreadedLoaderIter(self, plan)
 
     _get_iterator.__wrapped__ = original
-    _get_iterator.__rocm_yolo_patch__ = True
-    torch.utils.data.DataLoader._get_iterator = _get_iterator
-    _original_get_iterator = original
+    return _get_iterator
 
 
 def uninstall() -> None:
     """Restore ``DataLoader._get_iterator`` and the global generators exactly; a no-op when not installed."""
-    global _original_get_iterator
-    if _original_get_iterator is not None:
-        torch.utils.data.DataLoader._get_iterator = _original_get_iterator
-        _original_get_iterator = None
+    _swaps.restore()
     thread_rng.uninstall()
 
 

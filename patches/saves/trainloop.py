@@ -30,9 +30,10 @@ import itertools
 import sys
 from types import FrameType
 
+from rocm_yolo.patches.swap import Swaps
 from rocm_yolo.ultralytics_rules.train_loop import LOOP_FUNCTION, LOOP_LOCALS
 
-_module = None  # ultralytics.engine.trainer while installed
+_swaps = Swaps()  # ultralytics.engine.trainer's global enumerate
 _armed: tuple | None = None  # (loader, start, count)
 
 
@@ -44,23 +45,19 @@ def _enumerate(iterable, start=0):
 
 
 def install() -> None:
-    global _module
     import ultralytics.engine.trainer as module
 
-    if module.__dict__.get("enumerate") is not _enumerate:
-        module.enumerate = _enumerate
-    _module = module
+    _swaps.replace(module, "enumerate", lambda builtin: _enumerate)  # the module has none of its own: the builtin
 
 
 def uninstall() -> None:
-    global _module, _armed
-    if _module is not None and _module.__dict__.get("enumerate") is _enumerate:
-        del _module.enumerate
-    _module, _armed = None, None
+    global _armed
+    _swaps.restore()
+    _armed = None
 
 
 def installed() -> bool:
-    return _module is not None and _module.__dict__.get("enumerate") is _enumerate
+    return _swaps.installed()
 
 
 def arm(loader, start: int, count: int) -> None:

@@ -18,7 +18,7 @@ and in both, the start method is the profile's (the preloaded fork server,
 :mod:`rocm_yolo.trainer.loaders.forkserver`, by default) unless the loader chose one, and
 ``worker_init_fn`` is wrapped by :class:`WorkerInit`, which registers faulthandler in the
 worker and records how the worker was made. Workers that are not this process's children
-(the fork server's) are watched by :mod:`rocm_yolo.patches.worker_deaths`, installed with this
+(the fork server's) are watched by :mod:`rocm_yolo.patches.loaders.worker_deaths`, installed with this
 patch: one killed by a signal is reported as torch reports it, as fast.
 
 Before a loader whose workers start by a fork server or spawn is built, what they must receive
@@ -28,7 +28,7 @@ guard, is refused in one line (:class:`LoaderArgumentError`), not by a traceback
 a worker. The dataset's module is imported once by the fork server (:mod:`rocm_yolo.process.preimport`).
 
 One of the run's own loaders with ``num_workers=0`` under a ``threads`` setting (profile ``threads``)
-is marked to load in threads of this process instead (:mod:`rocm_yolo.patches.threads`, installed with this
+is marked to load in threads of this process instead (:mod:`rocm_yolo.patches.loaders.threads`, installed with this
 patch). The patch is idempotent (installing again only updates the settings) and
 :func:`uninstall` puts the original function object back.
 """
@@ -52,7 +52,8 @@ from typing import Any, Callable, Mapping
 import torch.utils.data
 
 from rocm_yolo.errors import UsageError
-from rocm_yolo.patches import threads, worker_deaths
+from rocm_yolo.patches.loaders import threads, worker_deaths
+from rocm_yolo.patches.swap import Swaps
 from rocm_yolo.process import preimport
 from rocm_yolo.process.lifecycle import DUMP_SIGNAL, alive, die_with_parent  # DUMP_SIGNAL: the watchdog's stack dump
 from rocm_yolo.run import hooks
@@ -94,7 +95,7 @@ REQUIREMENTS = (
     ),
 )
 
-_original_init: Callable | None = None
+_swaps = Swaps()  # DataLoader.__init__
 _settings: LoaderSettings | None = None
 _run_dir: Path | None = None
 _role = threading.local()
@@ -108,7 +109,7 @@ class LoaderArgumentError(UsageError):
 
 
 def installed() -> bool:
-    return _original_init is not None
+    return _swaps.installed()
 
 
 def settings() -> LoaderSettings | None:
@@ -133,7 +134,7 @@ def loader_role(role: str):
 
 def install(loader_settings: LoaderSettings | Mapping[str, Any], run_dir: str | os.PathLike | None = None) -> None:
     """Install the patch (or update its settings if it is installed already)."""
-    global _original_init, _settings, _run_dir
+    global _settings, _run_dir
     if not isinstance(loader_settings, LoaderSettings):
         loader_settings = LoaderSettings.from_dict(loader_settings)
     _settings = loader_settings
@@ -141,9 +142,11 @@ def install(loader_settings: LoaderSettings | Mapping[str, Any], run_dir: str | 
     if loader_settings.threads:
         threads.install()
     worker_deaths.install()
-    if _original_init is not None:
-        return
-    original = torch.utils.data.DataLoader.__dict__["__init__"]
+    _swaps.replace(torch.utils.data.DataLoader, "__init__", _applying)
+
+
+def _applying(original):
+    """``DataLoader.__init__`` with the run's settings applied by :func:`_apply` (the ones of the time of the call)."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
@@ -161,18 +164,16 @@ def install(loader_settings: LoaderSettings | Mapping[str, Any], run_dir: str | 
             if s.threads and self.num_workers == 0 and role in OWN_ROLES:  # another loader loads as built
                 _threads(self, s, role)
 
-    __init__.__rocm_yolo_patch__ = True
-    torch.utils.data.DataLoader.__init__ = __init__
-    _original_init = original
+    return __init__
 
 
 def uninstall() -> None:
     """Restore the original ``DataLoader.__init__`` exactly; a no-op when not installed."""
-    global _original_init, _settings, _run_dir
-    if _original_init is None:
+    global _settings, _run_dir
+    if not _swaps.installed():
         return
-    torch.utils.data.DataLoader.__init__ = _original_init
-    _original_init, _settings, _run_dir = None, None, None
+    _swaps.restore()
+    _settings, _run_dir = None, None
     _built.clear()
     threads.uninstall()
     worker_deaths.uninstall()

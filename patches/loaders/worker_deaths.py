@@ -27,22 +27,23 @@ import time
 from torch.utils.data import _utils
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
+from rocm_yolo.patches.swap import Swaps
+
 POLL = 0.1  # seconds between two looks at the workers' exit status
 REPORT_WAIT = 2.0  # a broken queue: how long the fork server may take to report the death that broke it
 
-_original = None
+_swaps = Swaps()  # _MultiProcessingDataLoaderIter._try_get_data
 
 
 def installed() -> bool:
-    return _original is not None
+    return _swaps.installed()
 
 
 def install() -> None:
-    global _original
-    if _original is not None:
-        return
-    original = _MultiProcessingDataLoaderIter.__dict__["_try_get_data"]
+    _swaps.replace(_MultiProcessingDataLoaderIter, "_try_get_data", _watching)
 
+
+def _watching(original):
     @functools.wraps(original)
     def _try_get_data(self, timeout=_utils.MP_STATUS_CHECK_INTERVAL):
         if not _foster_workers(self):
@@ -62,17 +63,11 @@ def install() -> None:
             if success or left <= POLL:
                 return success, data
 
-    _try_get_data.__rocm_yolo_patch__ = True
-    _MultiProcessingDataLoaderIter._try_get_data = _try_get_data
-    _original = original
+    return _try_get_data
 
 
 def uninstall() -> None:
-    global _original
-    if _original is None:
-        return
-    _MultiProcessingDataLoaderIter._try_get_data = _original
-    _original = None
+    _swaps.restore()
 
 
 def _foster_workers(iterator) -> bool:

@@ -1,4 +1,4 @@
-"""``python -m rocm_yolo.trainer.agent.torchrun LOG ARGS...``: ``torch.distributed.run ARGS...``, reporting into LOG.
+"""``python -m rocm_yolo.ddp.torchrun LOG ARGS...``: ``torch.distributed.run ARGS...``, reporting into LOG.
 
 The launcher (:mod:`.launcher`) starts the ranks with torch's launcher, as Ultralytics does.
 That launcher also talks: a banner when it sets ``OMP_NUM_THREADS``, a warning for every rank

@@ -17,11 +17,12 @@ import functools
 import os
 from pathlib import Path
 
+from rocm_yolo.patches.swap import Swaps
 from rocm_yolo.process.lifecycle import uninterrupted
 from rocm_yolo.run import hooks
 from rocm_yolo.run.atomic import write_atomic
 
-_original = None
+_swaps = Swaps()  # BaseTrainer.save_model
 
 
 class AtomicPath(type(Path())):
@@ -34,13 +35,12 @@ class AtomicPath(type(Path())):
 
 
 def install() -> None:
-    global _original
     from ultralytics.engine.trainer import BaseTrainer
 
-    current = BaseTrainer.__dict__["save_model"]
-    if getattr(current, "__rocm_yolo_patch__", False):
-        return
+    _swaps.replace(BaseTrainer, "save_model", _atomic_save)
 
+
+def _atomic_save(current):
     @functools.wraps(current)
     def save_model(self, *args, **kwargs):
         kept = self.last, self.best, self.wdir
@@ -51,21 +51,12 @@ def install() -> None:
         finally:
             self.last, self.best, self.wdir = kept
 
-    save_model.__rocm_yolo_patch__ = True
-    BaseTrainer.save_model = save_model
-    _original = current
+    return save_model
 
 
 def uninstall() -> None:
-    global _original
-    if _original is None:
-        return
-    from ultralytics.engine.trainer import BaseTrainer
-
-    if getattr(BaseTrainer.__dict__.get("save_model"), "__rocm_yolo_patch__", False):
-        BaseTrainer.save_model = _original
-    _original = None
+    _swaps.restore()
 
 
 def installed() -> bool:
-    return _original is not None
+    return _swaps.installed()

@@ -20,24 +20,22 @@ import logging
 import os
 from pathlib import Path
 
+from rocm_yolo.patches.swap import Swaps
 from rocm_yolo.process.lifecycle import uninterrupted
 from rocm_yolo.run import hooks
 from rocm_yolo.run.atomic import replace_durably, temporary
 from rocm_yolo.run.paths import RunPaths
 
-_module = None
-_original = None
+_swaps = Swaps()  # ultralytics.engine.trainer's global strip_optimizer
 
 
 def install(run_dir: str | os.PathLike) -> None:
-    global _module, _original
     import ultralytics.engine.trainer as module
 
-    current = module.__dict__.get("strip_optimizer")
-    if getattr(current, "__rocm_yolo_patch__", False):
-        return
-    paths = RunPaths(run_dir)
+    _swaps.replace(module, "strip_optimizer", lambda current: _atomic_strip(current, RunPaths(run_dir)))
 
+
+def _atomic_strip(current, paths: RunPaths):
     @functools.wraps(current)
     def strip_optimizer(f="best.pt", s="", updates=None):
         target = Path(s or f)
@@ -53,9 +51,7 @@ def install(run_dir: str | os.PathLike) -> None:
             raise
         return result
 
-    strip_optimizer.__rocm_yolo_patch__ = True
-    module.strip_optimizer = strip_optimizer
-    _module, _original = module, current
+    return strip_optimizer
 
 
 @contextlib.contextmanager
@@ -77,11 +73,8 @@ def _log_names(tmp: Path, target: Path, named: bool):
 
 
 def uninstall() -> None:
-    global _module, _original
-    if _module is not None and getattr(_module.__dict__.get("strip_optimizer"), "__rocm_yolo_patch__", False):
-        _module.strip_optimizer = _original
-    _module, _original = None, None
+    _swaps.restore()
 
 
 def installed() -> bool:
-    return _module is not None
+    return _swaps.installed()
