@@ -6,9 +6,12 @@
 #
 #     run(command="bash benchmarks/gpu_run.sh", carry=[".gpu"], timeout_s=600)
 #
-# It installs the carried wheels into /tmp/site and the project into /tmp/site2, puts both first on PYTHONPATH,
-# and runs the acceptance script with a time limit, so that a report always comes back: $OUT/gpu-acceptance/
-# (gpu-acceptance.md, logs/, corpus.jsonl), and this script's own output in $OUT/gpu-run.log.
+# It installs the carried wheels into /tmp/site and the project into /tmp/site2 (from its wheel in .gpu/project/
+# where one was carried: the machine's setuptools may be older than the pyproject needs; build it here with
+# `pip wheel --no-deps --no-build-isolation -w .gpu/project .`), puts both first on PYTHONPATH, and runs the
+# acceptance script with a time limit, so that a report always comes back: $OUT/gpu-acceptance/ (gpu-acceptance.md,
+# corpus.jsonl, logs.tar.gz: the device tool brings back 8 files at most, so the logs come as one archive), and
+# this script's own output in $OUT/gpu-run.log.
 # Arguments go to gpu_acceptance.py (e.g. --steps 2,5 to run two steps again; --device 0,1 on two GPUs).
 # GPU_RUN_LIMIT (seconds, default 540) bounds the script: its own budget is 480 s, the rest is its cleanup.
 set -uo pipefail
@@ -33,8 +36,9 @@ if ! python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --tar
     say "installing the carried wheels failed: see $LOG"
     exit 3
 fi
-if ! python3 -m pip install -q --upgrade --no-index --no-deps --no-build-isolation --target /tmp/site2 . \
-    >>"$LOG" 2>&1; then
+project=(.gpu/project/*.whl)
+[ ${#project[@]} -eq 0 ] && project=(--no-build-isolation .)
+if ! python3 -m pip install -q --upgrade --no-index --no-deps --target /tmp/site2 "${project[@]}" >>"$LOG" 2>&1; then
     say "installing the project failed: see $LOG"
     exit 3
 fi
@@ -44,5 +48,8 @@ nvidia-smi >>"$LOG" 2>&1 || true
 say "$(date -u +%FT%TZ) python3 benchmarks/gpu_acceptance.py $OUT/gpu-acceptance --device 0 $* (limit ${LIMIT} s)"
 timeout -k 20 "$LIMIT" python3 benchmarks/gpu_acceptance.py "$OUT/gpu-acceptance" --device 0 "$@" 2>&1 | tee -a "$LOG"
 code=${PIPESTATUS[0]}
+if [ -d "$OUT/gpu-acceptance/logs" ]; then
+    tar -czf "$OUT/gpu-acceptance/logs.tar.gz" -C "$OUT/gpu-acceptance" logs && rm -rf "$OUT/gpu-acceptance/logs"
+fi
 say "$(date -u +%FT%TZ) gpu_acceptance.py exited with $code; the report: $OUT/gpu-acceptance/gpu-acceptance.md"
 exit "$code"

@@ -2,10 +2,12 @@
 
 The corpus (``failures.jsonl``: the starting set of ../shared/corpus, ``gathered.jsonl``: cases gathered later and
 held out while the rules were written) holds failure outputs copied verbatim from public issue threads, each with
-the thread's address and the class its resolution supports. A case becomes :class:`Evidence` as the watchdog
-gathers it: the post's kernel-log lines (dmesg's, amdgpu's, the OOM killer's) as the kernel log of the run's
-processes and cards, the rest as the child's stderr and traceback, the exit status as the post shows it; a post
-without a kernel line is taken as a machine whose kernel log cannot be read (a container), where most come from.
+the thread's address and the class its resolution supports; ``measured.jsonl`` holds failures made on a lent GPU by
+benchmarks/gpu_acceptance.py (its step 6), each with the machine and the fault that made it. A case becomes
+:class:`Evidence` as the watchdog gathers it: the post's kernel-log lines (dmesg's, amdgpu's, the OOM killer's) as
+the kernel log of the run's processes and cards, the rest as the child's stderr and traceback, the exit status as
+the post shows it; a post without a kernel line is taken as a machine whose kernel log cannot be read (a container),
+where most come from.
 
 A call is **harmful** when its remedy does harm: a loader, data, training or host-memory failure called a class that
 stops the run at once, or a GPU or environment failure sent down the loader ladder.
@@ -30,7 +32,7 @@ from rocm_yolo.diagnosis.remedies import LADDER, Context, decide  # noqa: E402
 from rocm_yolo.gpu import kernel_log  # noqa: E402
 from rocm_yolo.run.supervisor_state import Failure  # noqa: E402
 
-FILES = ("failures.jsonl", "gathered.jsonl", "heldout.jsonl")
+FILES = ("failures.jsonl", "gathered.jsonl", "heldout.jsonl", "measured.jsonl")
 CALM = ("loader", "data-error", "training-error", "host-oom")  # failures a retry may cure: never stopped at once
 GPU_SIDE = ("gpu-fault", "gpu-hang", "environment")  # failures a lighter loader cannot cure
 _DMESG = re.compile(r"^\s*\[\s*\d+\.\d+\]")
@@ -136,7 +138,7 @@ def main() -> int:
         if scores:
             print(f"\n{name}:\n{table(scores)}")
     scores = score()
-    print(f"\nboth:\n{table(scores)}\n")
+    print(f"\nall:\n{table(scores)}\n")
     for s in scores:
         if not s.right:
             print(f"wrong: {s.case.id} ({s.case.label}) -> {s.diagnosis.cls}: {s.diagnosis.title[:150]}")

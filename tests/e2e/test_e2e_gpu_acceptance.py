@@ -58,6 +58,7 @@ def test_the_dry_run_reports_every_step_and_leaves_nothing_running(tmp_path):
     oom = found[6].split("### Out of memory", 1)[1].split("###", 1)[0]
     assert re.search(r"^Status: skipped: \S", oom, re.M), found[6]
     assert "Commands:" in found[2] and "bench_train.py" in found[2]
+    assert "ROCM_YOLO_FAULT=worker-hang@1:0" in found[5]  # the seeds' hang before the first batch, recovered
 
     [case] = [json.loads(line) for line in (tmp_path / "report" / "corpus.jsonl").read_text().splitlines()]
     assert set(case) == CORPUS_FIELDS
