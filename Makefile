@@ -49,10 +49,11 @@ export HOLD_TORCH := from importlib import metadata as m; [print(f"{d}=={m.versi
 # the torch choice is needed: without it no step can be right (the chooser's own error says why)
 have_choice = test -n "$(TORCH_ARGS)" || { why=$$($(CHOOSER) --pip-args 2>&1 | tail -n 1); case "$$why" in \
 	TORCH_*) echo "make: choosing torch failed: $$why";; \
-	*) echo "make: choosing torch failed: $$why (is Python 3.9+ installed as $(PYTHON)?)";; esac; exit 1; }
+	*) echo "make: choosing torch failed: $$why (is Python 3.11+ installed as $(PYTHON)?)";; esac; exit 1; }
 
 $(PY):
 	@$(have_choice)
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "make: rocm-yolo needs Python 3.11 or newer (the versions tested), and $(PYTHON) is $$($(PYTHON) -c 'import platform; print(platform.python_version())'): give PYTHON=python3.11 or newer"; exit 1; }
 	@echo "make: creating $(VENV) ($(PYTHON) -m venv)"
 	@out=$$($(PYTHON) -m venv $(VENV) 2>&1) || { rm -rf $(VENV); echo "make: creating $(VENV) failed: $$(echo "$$out" | grep -v '^\s*$$' | tail -n 1) (on Debian and Ubuntu without venv: apt install python3-venv)"; exit 1; }
 

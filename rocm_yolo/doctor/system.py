@@ -21,7 +21,7 @@ from rocm_yolo.gpu import kernel_log, known_fixes, wheels
 from rocm_yolo.gpu.arch import architectures
 from rocm_yolo.gpu.torch_build import torch_build
 from rocm_yolo.process.tree import Outcome, run_bounded
-from rocm_yolo.ultralytics_rules.versions import SUPPORTED_ULTRALYTICS, untested
+from rocm_yolo.ultralytics_rules.versions import SUPPORTED_ULTRALYTICS, TESTED_TORCH, untested, untested_torch
 
 # ---------------------------------------------------------------------------------------
 # bounded subprocesses
@@ -142,11 +142,14 @@ def check_versions(opts: Options, gpus: list | None, torch_error: str | None = N
             "cuda": f"CUDA {build['cuda']} build",
             "cpu": "CPU-only build",
         }[kind]
-        status, fix = OK, None
+        status, fix, found = OK, None, f"{build['torch']}, {label}"
         if have_gpu and kind != "hip":
             status = FAIL
             fix = "this torch cannot use the AMD GPU: " + wheels.choose(archs, env={}).advice()
-        yield Row("versions.torch", "torch", status, f"{build['torch']}, {label}", fix, data=data)
+        elif untested_torch(build["torch"] or ""):
+            status, found = WARN, f"{found}, older than the torch versions tested ({TESTED_TORCH} and newer)"
+            fix = "it may work, untested: " + wheels.choose(archs, env={}).advice()
+        yield Row("versions.torch", "torch", status, found, fix, data=dict(data, tested=TESTED_TORCH))
     ultra = _metadata_version("ultralytics")
     if ultra:
         outside = untested(ultra)

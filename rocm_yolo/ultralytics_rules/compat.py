@@ -27,7 +27,7 @@ from typing import Callable
 from rocm_yolo.errors import SetupError
 from rocm_yolo.ultralytics_rules.checkpoint import CHECKPOINT_KEYS
 from rocm_yolo.ultralytics_rules.train_loop import LOOP_LOCALS, LOOP_SOURCE
-from rocm_yolo.ultralytics_rules.versions import SUPPORTED_ULTRALYTICS, untested
+from rocm_yolo.ultralytics_rules.versions import SUPPORTED_ULTRALYTICS, untested, untested_torch
 
 MID_EPOCH_FEATURE = "mid-epoch checkpoints (--checkpoint-every) and resuming inside an epoch"
 FINAL_SAVE_FEATURE = "the end of training's rewrite of last.pt and best.pt, written atomically"
@@ -372,7 +372,7 @@ def missing_for(feature: str) -> list[Requirement]:
 def check(requirements: tuple[Requirement, ...] | None = None) -> list[str]:
     """Raise :class:`SetupError` for a missing essential internal; the warnings for degradable ones, and
     one for an Ultralytics outside the tested range. ``requirements``: Ultralytics' :data:`REQUIREMENTS`
-    and the torch internals of the patches installed."""
+    and the torch internals of the patches installed. A torch older than the tested ones is a warning too."""
     gone = missing(requirements)
     essential = [r for r in gone if r.essential]
     if essential:
@@ -385,7 +385,8 @@ def check(requirements: tuple[Requirement, ...] | None = None) -> list[str]:
         f"{version(r.owner)} lacks {r.what}: {r.feature} is off (supported: ultralytics{SUPPORTED_ULTRALYTICS})"
         for r in gone
     ]
+    import torch
     import ultralytics
 
-    outside = untested(getattr(ultralytics, "__version__", "?"))
-    return ([outside] if outside else []) + warnings
+    outside = [untested(getattr(ultralytics, "__version__", "?")), untested_torch(torch.__version__)]
+    return [x for x in outside if x] + warnings

@@ -150,7 +150,25 @@ def test_a_failed_step_says_which_and_why_in_one_line(clone):
             shutil.rmtree(clone / ".venv")
         missing = make(clone, "demo", python="/nonexistent/python3")
         assert missing.returncode != 0 and "make: choosing torch failed: " in missing.stdout
-        assert "(is Python 3.9+ installed as /nonexistent/python3?)" in missing.stdout
+        assert "(is Python 3.11+ installed as /nonexistent/python3?)" in missing.stdout
+    pyenv = sorted(Path("~/.pyenv/versions").expanduser().glob("3.1[0-9].*/bin/python3"))  # where pyenv keeps some
+    older = next(filter(None, map(older_python, ("python3.10", "python3.9", *map(str, pyenv)))), None)
+    if older:  # pyproject's requires-python, said before a venv or torch is made
+        shutil.rmtree(clone / ".venv", ignore_errors=True)
+        out = make(clone, "demo", python=older)
+        assert out.returncode != 0 and "make: rocm-yolo needs Python 3.11 or newer" in out.stdout.splitlines()[-1]
+        assert not (clone / ".venv").exists()
+
+
+def older_python(name: str) -> str | None:
+    """A Python older than 3.11 on this machine that really runs (pyenv's shims of unselected versions do not)."""
+    found = shutil.which(name) if "/" not in name else name
+    try:
+        ran = found and subprocess.run([found, "-c", "import sys; print(sys.version_info < (3, 11))"],
+                                       capture_output=True, text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return found if ran and ran.stdout.strip() == "True" else None
 
 
 def test_a_bad_choice_of_torch_is_one_line_that_names_it(clone):

@@ -314,6 +314,20 @@ def test_an_ultralytics_outside_the_tested_range_is_a_warning(tmp_path, monkeypa
     assert row.fix == f"pip install 'ultralytics{compat.SUPPORTED_ULTRALYTICS}'"
 
 
+def test_a_torch_older_than_the_tested_ones_is_a_warning_with_the_install_line(tmp_path, monkeypatch):
+    from rocm_yolo.gpu.torch_build import torch_build
+    from rocm_yolo.ultralytics_rules.versions import TESTED_TORCH
+
+    build = torch_build()
+    if doctor_system.torch_kind(build) == "hip":
+        pytest.skip("this torch is a ROCm build")
+    assert rows_by_check(doctor_system.check_versions(Options(root=tmp_path), []))["versions.torch"].status == OK
+    monkeypatch.setattr(doctor_system, "torch_build", lambda: dict(build, torch="2.10.0"))
+    row = rows_by_check(doctor_system.check_versions(Options(root=tmp_path), []))["versions.torch"]
+    assert row.status == WARN and f"older than the torch versions tested ({TESTED_TORCH}" in row.found
+    assert "pip install" in row.fix and row.data["tested"] == TESTED_TORCH
+
+
 ONLY_DATA = frozenset(doctor.CHECKS) - {"data"}
 
 

@@ -63,9 +63,23 @@ def test_an_ultralytics_outside_the_tested_range_is_a_warning(monkeypatch):
     assert compat.untested("8.5.0") and compat.untested("?")
 
 
+def test_a_torch_older_than_the_tested_ones_is_a_warning(monkeypatch):
+    import torch
+
+    from rocm_yolo.ultralytics_rules.versions import TESTED_TORCH, untested_torch
+
+    assert untested_torch(TESTED_TORCH) is None and untested_torch(f"{TESTED_TORCH}.0+rocm7.1") is None
+    assert untested_torch("2.15.0") is None and untested_torch("10.0") is None
+    monkeypatch.setattr(torch, "__version__", "2.10.0+rocm7.13.0")
+    warnings = compat.check()
+    assert [w for w in warnings if w.startswith("torch 2.10.0+rocm7.13.0 is older than") and TESTED_TORCH in w]
+
+
 def test_pyproject_declares_the_tested_range():
     text = (Path(__file__).resolve().parents[3] / "pyproject.toml").read_text()
     assert f'"ultralytics{compat.SUPPORTED_ULTRALYTICS}"' in text
+    # Python: CI's 3.11 and the lent GPU's 3.12 (docs/speed.md); torch: AMD's ROCm wheels' 2.10, said at start-up
+    assert 'requires-python = ">=3.11"' in text and '"torch>=2.10"' in text
 
 
 def test_readme_and_ci_run_the_lowerbound_tests_against_the_lower_bound():
