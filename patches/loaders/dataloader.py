@@ -402,8 +402,9 @@ def _how_made() -> str:
 class WorkerInit:
     """A picklable ``worker_init_fn`` wrapper, run first thing in every DataLoader worker.
 
-    It registers faulthandler on :data:`DUMP_SIGNAL` (stack file ``stacks/worker-PID.txt`` in
-    the run's rocm-yolo directory), appends one JSON line about the worker to
+    It quiets the report of a batch hand-over broken by the trainer's going
+    (:func:`worker_deaths.quiet_handover_breaks`), registers faulthandler on :data:`DUMP_SIGNAL` (stack file
+    ``stacks/worker-PID.txt`` in the run's rocm-yolo directory), appends one JSON line about the worker to
     ``workers.jsonl`` there, arms fault injection (tests and benchmarks only), then calls the
     loader's own ``worker_init_fn``.
     """
@@ -415,6 +416,7 @@ class WorkerInit:
         self.trainer_pid = os.getpid()  # the process that builds the loader makes its workers
 
     def __call__(self, worker_id: int) -> None:
+        worker_deaths.quiet_handover_breaks()  # a trainer stopped mid-hand-over: no traceback from this worker
         if self.run_dir is not None:
             self._register(worker_id)
         info = torch.utils.data.get_worker_info()

@@ -16,13 +16,22 @@ died handing over a batch (``ConnectionResetError``, ``EOFError``), the death th
 moment later is named instead. Everything else (timeouts, a worker's own
 exception, the pin-memory thread) is torch's unchanged. Idempotent; :func:`uninstall` restores
 the original function object.
+
+The other side of that hand-over: a worker passes a batch's shared memory as a file descriptor
+from a thread of ``multiprocessing.resource_sharer``, which reports any error through
+``sys.excepthook``. When the trainer goes while it takes a batch (a stop, Ctrl-C, a crash),
+that thread printed ``BrokenPipeError`` with its traceback on the user's terminal, under the
+supervisor's "stopped by SIGINT". :func:`quiet_handover_breaks`, run in each worker, drops that
+one report: the trainer's side is what says what happened.
 """
 
 from __future__ import annotations
 
 import functools
 import signal
+import sys
 import time
+from pathlib import Path
 
 from torch.utils.data import _utils
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
@@ -128,3 +137,31 @@ def _raise_if_one_died(iterator, wait: float = 0.0) -> None:
         if time.monotonic() >= deadline:
             return
         time.sleep(0.02)
+
+
+HANDOVER_BREAKS = (BrokenPipeError, ConnectionResetError)  # the taker of a batch's descriptor went away
+
+
+def _from_resource_sharer(tb) -> bool:
+    while tb is not None:
+        path = Path(tb.tb_frame.f_code.co_filename)
+        if path.name == "resource_sharer.py" and path.parent.name == "multiprocessing":
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def quiet_handover_breaks() -> None:
+    """In a DataLoader worker: ``sys.excepthook`` without the report of a descriptor hand-over that broke because
+    its taker (the trainer) went away; every other report goes to the hook there was. Idempotent."""
+    previous = sys.excepthook
+    if getattr(previous, "rocm_yolo_quiet_handover", False):
+        return
+
+    def hook(kind, value, tb):
+        if issubclass(kind, HANDOVER_BREAKS) and _from_resource_sharer(tb):
+            return
+        previous(kind, value, tb)
+
+    hook.rocm_yolo_quiet_handover = True
+    sys.excepthook = hook
