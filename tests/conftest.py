@@ -19,6 +19,20 @@ from rocm_yolo.run.spec import RunSpec
 from taskdata import TASKS, write_task_data
 
 
+def pytest_sessionstart(session):
+    """rocm-yolo's modules compiled once, before the tests start hundreds of processes that import them: where
+    PYTHONDONTWRITEBYTECODE is set (this machine, CI's), each would compile them again (about 0.4 s of CPU for all
+    of them). Python reads the bytecode whatever that variable says. Once per session: not in xdist's workers."""
+    if hasattr(session.config, "workerinput"):
+        return
+    import compileall
+    from importlib.util import find_spec
+
+    for package in ("rocm_yolo", "rocm_yolo.patches"):  # found, not imported (the patches import torch)
+        for folder in find_spec(package).submodule_search_locations:
+            compileall.compile_dir(folder, quiet=2)
+
+
 def pytest_collection_modifyitems(items):
     """Everything under tests/e2e/ trains for real: marked e2e (``-m "not e2e"`` runs the unit tests alone)."""
     for item in items:

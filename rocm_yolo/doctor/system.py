@@ -146,7 +146,7 @@ def check_versions(opts: Options, gpus: list | None, torch_error: str | None = N
         if have_gpu and kind != "hip":
             status = FAIL
             fix = "this torch cannot use the AMD GPU: " + wheels.choose(archs, env={}).advice()
-        elif untested_torch(build["torch"] or ""):
+        elif build["torch"] and untested_torch(build["torch"]):
             status, found = WARN, f"{found}, older than the torch versions tested ({TESTED_TORCH} and newer)"
             fix = "it may work, untested: " + wheels.choose(archs, env={}).advice()
         yield Row("versions.torch", "torch", status, found, fix, data=dict(data, tested=TESTED_TORCH))
