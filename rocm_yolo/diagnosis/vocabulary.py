@@ -222,7 +222,9 @@ WORDS: tuple[Word, ...] = (
         GPU_FAULT,
         "illegal memory access",
         r"an illegal memory access was encountered|hipErrorIllegalAddress|unspecified launch failure|"
-        r"hipErrorLaunchFailure|uncorrectable ECC error encountered|hipErrorECCNotCorrectable|[DS]RAM ECC failure",
+        r"hipErrorLaunchFailure|uncorrectable ECC error encountered|hipErrorECCNotCorrectable|[DS]RAM ECC failure|"
+        r"an illegal instruction was encountered|hipErrorIllegalInstruction|misaligned address|"
+        r"hipErrorMisalignedAddress|invalid program counter|hipErrorInvalidPc",
         HIP_ERRORS,
     ),
     _w(GPU_FAULT, "MIOpen error", r"MIOpen Error:[^\n]*|miopenStatus(?!Success)\w+", MIOPEN),
@@ -245,8 +247,10 @@ WORDS: tuple[Word, ...] = (
         r"[^\n]*|DistBackendError[^\n]*|NCCL communicator was aborted[^\n]*|"
         r"unhandled (?:cuda|system) error \(run with NCCL_DEBUG[^\n]*|"
         r"remote process exited or there was a network error|"
-        r"NCCL WARN (?:(?:Cuda|HIP|HSA) failure|Call to \S+ failed)[^\n]*",
-        NCCL_ERRORS + "; " + TORCH_NCCL,
+        r"NCCL WARN (?:(?:Cuda|HIP|HSA) failure|Call to \S+ failed)[^\n]*|"
+        r"Error while (?:creating|attaching to) shared memory segment[^\n]*",
+        NCCL_ERRORS + "; " + TORCH_NCCL + "; NVIDIA/nccl and ROCm/rccl src/misc/shmutils.cc (ncclShmOpen: the "
+        "segment in /dev/shm that the ranks of one machine share)",
     ),
     # --- the loader's processes and their shared memory
     _w(
@@ -257,8 +261,12 @@ WORDS: tuple[Word, ...] = (
         r"unable to (?:write to file|open shared memory object) </torch_[^\n]*|out of shared memory[^\n]*|"
         r"received \d+ items of ancdata[^\n]*|Too many open files[^\n]*Communication with the workers[^\n]*|"
         r"Unexpected floating-point exception encountered in worker[^\n]*|Pin memory thread exited unexpectedly|"
-        r"Cannot re-initialize (?:CUDA|HIP) in forked subprocess[^\n]*|\[Errno 24\] Too many open files[^\n]*",
-        TORCH_LOADER + "; " + TORCH_WORKER + "; EMFILE: the workers' tensors shared as file descriptors",
+        r"Cannot re-initialize (?:CUDA|HIP) in forked subprocess[^\n]*|\[Errno 24\] Too many open files[^\n]*|"
+        r"An attempt has been made to start a new process before the\s+current process has finished its "
+        r"bootstrapping phase",
+        TORCH_LOADER + "; " + TORCH_WORKER + "; EMFILE: the workers' tensors shared as file descriptors; "
+        "CPython Lib/multiprocessing/spawn.py (_check_not_importing_main: workers started while the main module "
+        "is imported, without an `if __name__ == '__main__':` guard)",
     ),
     # --- the data
     _w(
@@ -266,8 +274,10 @@ WORDS: tuple[Word, ...] = (
         "a sample failed to load",
         r"Image Not Found[^\n]*|cv2\.error[^\n]*|UnidentifiedImageError[^\n]*|cannot identify image file[^\n]*|"
         r"image file is truncated[^\n]*|Label class \d+ exceeds[^\n]*|Caught \w+ in DataLoader worker process[^\n]*|"
-        r"PIL/(?:\w+ImagePlugin|ImageFile)\.py[^\n]*|ignoring corrupt image/label[^\n]*",
-        ULTRALYTICS_DATA + "; " + TORCH_LOADER + " (an exception raised by the dataset in a worker); "
+        r"PIL/(?:\w+ImagePlugin|ImageFile)\.py[^\n]*|ignoring corrupt image/label[^\n]*|"
+        r"Dataset '[^'\n]*'(?: images)? not found[^\n]*|'(?:train|val|test):' images not found[^\n]*",
+        ULTRALYTICS_DATA + " and ultralytics/data/utils.py (check_det_dataset: a split's images missing); "
+        + TORCH_LOADER + " (an exception raised by the dataset in a worker); "
         "python-pillow/Pillow's decoders (ImageFile, *ImagePlugin: a file that does not decode)",
     ),
     # --- the training step's own guard against a loss gone bad

@@ -32,7 +32,7 @@ from rocm_yolo.diagnosis.remedies import LADDER, Context, decide  # noqa: E402
 from rocm_yolo.gpu import kernel_log  # noqa: E402
 from rocm_yolo.run.supervisor_state import Failure  # noqa: E402
 
-FILES = ("failures.jsonl", "gathered.jsonl", "heldout.jsonl", "measured.jsonl")
+FILES = ("failures.jsonl", "gathered.jsonl", "heldout.jsonl", "heldout2.jsonl", "measured.jsonl")
 CALM = ("loader", "data-error", "training-error", "host-oom")  # failures a retry may cure: never stopped at once
 GPU_SIDE = ("gpu-fault", "gpu-hang", "environment")  # failures a lighter loader cannot cure
 _DMESG = re.compile(r"^\s*\[\s*\d+\.\d+\]")

@@ -322,6 +322,22 @@ def test_an_earlier_line_or_an_unnamed_kernel_line_only_suggests_and_never_stops
             "assertion `t >= 0 && t < n_classes' failed.",
             TRAINING_ERROR,
         ),
+        # the runtime error strings of cudaGetErrorString / hipGetErrorString beside the illegal address
+        ("torch.AcceleratorError: CUDA error: an illegal instruction was encountered", GPU_FAULT),
+        ("torch.AcceleratorError: CUDA error: misaligned address", GPU_FAULT),
+        # NCCL/RCCL's shmutils.cc: "Error while %s shared memory segment %s (size %zu)"
+        (
+            "misc/shmutils.cc:72 NCCL WARN Error while creating shared memory segment /dev/shm/nccl-x (size 9637888)",
+            COLLECTIVE,
+        ),  # fmt: skip
+        # CPython's multiprocessing/spawn.py, _check_not_importing_main
+        (
+            "RuntimeError:\n        An attempt has been made to start a new process before the\n        current "
+            "process has finished its bootstrapping phase.",
+            LOADER,
+        ),
+        # Ultralytics' check_det_dataset
+        ("FileNotFoundError: Dataset 'data.yaml' images not found, missing path '/data/images/val'", DATA_ERROR),
     ],
 )
 def test_the_runtimes_own_words(text, cls):
