@@ -276,8 +276,10 @@ WORDS: tuple[Word, ...] = (
         r"image file is truncated[^\n]*|Label class \d+ exceeds[^\n]*|Caught \w+ in DataLoader worker process[^\n]*|"
         r"PIL/(?:\w+ImagePlugin|ImageFile)\.py[^\n]*|ignoring corrupt image/label[^\n]*|"
         r"Dataset '[^'\n]*'(?: images)? not found[^\n]*|'(?:train|val|test):' images not found[^\n]*",
-        ULTRALYTICS_DATA + " and ultralytics/data/utils.py (check_det_dataset: a split's images missing); "
-        + TORCH_LOADER + " (an exception raised by the dataset in a worker); "
+        ULTRALYTICS_DATA
+        + " and ultralytics/data/utils.py (check_det_dataset: a split's images missing); "
+        + TORCH_LOADER
+        + " (an exception raised by the dataset in a worker); "
         "python-pillow/Pillow's decoders (ImageFile, *ImagePlugin: a file that does not decode)",
     ),
     # --- the training step's own guard against a loss gone bad
