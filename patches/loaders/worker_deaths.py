@@ -20,7 +20,7 @@ the original function object.
 The other side of that hand-over: a worker passes a batch's shared memory as a file descriptor
 from a thread of ``multiprocessing.resource_sharer``, which reports any error through
 ``sys.excepthook``. When the trainer goes while it takes a batch (a stop, Ctrl-C, a crash),
-that thread printed ``BrokenPipeError`` with its traceback on the user's terminal, under the
+that thread printed ``BrokenPipeError`` (or ``EOFError``) with its traceback on the user's terminal, under the
 supervisor's "stopped by SIGINT". :func:`quiet_handover_breaks`, run in each worker, drops that
 one report: the trainer's side is what says what happened.
 """
@@ -139,7 +139,8 @@ def _raise_if_one_died(iterator, wait: float = 0.0) -> None:
         time.sleep(0.02)
 
 
-HANDOVER_BREAKS = (BrokenPipeError, ConnectionResetError)  # the taker of a batch's descriptor went away
+# the taker of a batch's descriptor went away: as it was sent, or before it asked (the hand-over's recv ends early)
+HANDOVER_BREAKS = (BrokenPipeError, ConnectionResetError, EOFError)
 
 
 def _from_resource_sharer(tb) -> bool:

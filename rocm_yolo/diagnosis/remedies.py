@@ -9,7 +9,8 @@ class               remedy                                                      
 loader, unknown     the next profile of the ladder (``--fallback``)             1 when the restarts run out
 host-oom            the next profile of the ladder (``safe``: fewer workers)    4 the same twice at the same place
 gpu-fault, gpu-hang the same profile, once the GPU is released, once            4 on the second, with known fixes
-collective          the same profile with ``NCCL_P2P_DISABLE=1``, once          4 on the second, with known fixes
+collective          the same profile with ``NCCL_P2P_DISABLE=1``, once; with     4 on the second, with known fixes
+                    ``NCCL_SHM_DISABLE=1`` when /dev/shm had no room
 gpu-oom             none: the same batch would fail again                       4 at once, with a smaller batch
 environment         none: the software cannot run on this card                  4 at once, with the fix for the card
 training-error,     the same profile (the loader is not the cause)              5 the same twice at the same place
@@ -43,6 +44,7 @@ from rocm_yolo.diagnosis.vocabulary import (
     GPU_OOM,
     HOST_OOM,
     LOADER,
+    NCCL_SHM,
     TRAINING_ERROR,
 )
 from rocm_yolo.gpu import known_fixes
@@ -63,6 +65,7 @@ REMEDY = {
 }
 ENVIRONMENT_CLASSES = (GPU_FAULT, GPU_HANG, GPU_OOM, HOST_OOM, COLLECTIVE, ENVIRONMENT)  # their stops exit 4
 P2P_VARIABLE = "NCCL_P2P_DISABLE"
+SHM_VARIABLE = "NCCL_SHM_DISABLE"  # a collective that failed for room in /dev/shm: its transport, not P2P
 SAFETY = 0.8  # of the memory a smaller batch may plan to use
 
 
@@ -131,6 +134,14 @@ def _retry(cls: str) -> Decision:
 _P2P_WHY = f"RCCL's peer-to-peer off: {known_fixes.P2P_OFF.source}"
 
 
+def _collective_variable(diagnosis: Diagnosis) -> tuple[str, str]:
+    """The variable the next attempt gets for a collective's failure, and why: the shared-memory transport off when
+    /dev/shm had no room for its segment, else peer-to-peer off."""
+    if diagnosis.detail.get("word") == NCCL_SHM:
+        return SHM_VARIABLE, f"the collectives' shared-memory transport off: {known_fixes.SHM_ROOM.source}"
+    return P2P_VARIABLE, _P2P_WHY
+
+
 def decide(failure: Failure, diagnosis: Diagnosis, previous: list[Failure], context: Context) -> Decision:
     """The remedy for ``failure`` (diagnosed as ``diagnosis``), given the ``previous`` failures of this run."""
     cls = failure.cls
@@ -159,14 +170,15 @@ def decide(failure: Failure, diagnosis: Diagnosis, previous: list[Failure], cont
             verdict(diagnosis, context),
         )
     if cls == COLLECTIVE:
+        variable, why = _collective_variable(diagnosis)
         if any(p.cls == COLLECTIVE for p in previous):
             return Decision(
                 STOP,
                 errors.SETUP,
-                f"a collective hung again at {place(failure)}, with {P2P_VARIABLE}=1: not retrying",
+                f"a collective failed again at {place(failure)}, with {variable}=1: not retrying",
                 verdict(diagnosis, context),
             )
-        return Decision(P2P_OFF, env={P2P_VARIABLE: "1"}, reason=f"with {P2P_VARIABLE}=1 ({_P2P_WHY})")
+        return Decision(P2P_OFF, env={variable: "1"}, reason=f"with {variable}=1 ({why})")
     return Decision(REMEDY.get(cls, LADDER))
 
 
@@ -191,6 +203,8 @@ def verdict(diagnosis: Diagnosis, context: Context) -> tuple[str, ...]:
             fixes = [known_fixes.CONV_GEMM, *([known_fixes.AMP_OFF] if context.amp is not False else []), *fixes]
         return (f"known fixes for a {diagnosis.cls}{cards}:", *(f"  - {f.line()}" for f in fixes)) if fixes else ()
     if diagnosis.cls == COLLECTIVE:
+        if diagnosis.detail.get("word") == NCCL_SHM:
+            return ("what the collectives need:", f"  - {known_fixes.SHM_ROOM.line()}")
         p2p = context.env.get(P2P_VARIABLE) == "1"
         return ("known fixes for collectives that hang between consumer cards:",) + tuple(
             f"  - {f.line()}" for f in known_fixes.collective_fixes(p2p_off=p2p)

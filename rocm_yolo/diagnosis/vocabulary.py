@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 
 ENVIRONMENT, GPU_OOM, HOST_OOM, GPU_FAULT, GPU_HANG = "environment", "gpu-oom", "host-oom", "gpu-fault", "gpu-hang"
+NCCL_SHM = "NCCL shared-memory segment"  # a collective's word whose remedy is its own (diagnosis.remedies)
 COLLECTIVE, LOADER, DATA_ERROR, TRAINING_ERROR = "collective", "loader", "data-error", "training-error"
 
 
@@ -223,14 +224,22 @@ WORDS: tuple[Word, ...] = (
         "illegal memory access",
         r"an illegal memory access was encountered|hipErrorIllegalAddress|unspecified launch failure|"
         r"hipErrorLaunchFailure|uncorrectable ECC error encountered|hipErrorECCNotCorrectable|[DS]RAM ECC failure|"
-        r"an illegal instruction was encountered|hipErrorIllegalInstruction|misaligned address|"
-        r"hipErrorMisalignedAddress|invalid program counter|hipErrorInvalidPc",
+        r"an illegal instruction was encountered|hipErrorIllegalInstruction|(?:CUDA|HIP) error: misaligned address|"
+        r"hipErrorMisalignedAddress|(?:CUDA|HIP) error: invalid program counter|hipErrorInvalidPc",
         HIP_ERRORS,
     ),
     _w(GPU_FAULT, "MIOpen error", r"MIOpen Error:[^\n]*|miopenStatus(?!Success)\w+", MIOPEN),
     _w(GPU_FAULT, "rocBLAS error", r"rocBLAS error:[^\n]*|rocblas_status_(?!success)\w+", ROCBLAS),
     _w(GPU_FAULT, "HIP error", r"(?:HIP error: [^\n]*|\bhipError(?!Success)\w+)", HIP_ERRORS),
     # --- the GPUs' collectives
+    _w(
+        COLLECTIVE,
+        NCCL_SHM,
+        r"Error while (?:creating|attaching to) shared memory segment[^\n]*",
+        "NVIDIA/nccl and ROCm/rccl src/misc/shmutils.cc (ncclShmOpen: the segment in /dev/shm that the ranks of one "
+        "machine share)",
+        "/dev/shm has no room for the collectives' shared-memory transport",
+    ),
     _w(
         COLLECTIVE,
         "collective timed out",
@@ -247,10 +256,8 @@ WORDS: tuple[Word, ...] = (
         r"[^\n]*|DistBackendError[^\n]*|NCCL communicator was aborted[^\n]*|"
         r"unhandled (?:cuda|system) error \(run with NCCL_DEBUG[^\n]*|"
         r"remote process exited or there was a network error|"
-        r"NCCL WARN (?:(?:Cuda|HIP|HSA) failure|Call to \S+ failed)[^\n]*|"
-        r"Error while (?:creating|attaching to) shared memory segment[^\n]*",
-        NCCL_ERRORS + "; " + TORCH_NCCL + "; NVIDIA/nccl and ROCm/rccl src/misc/shmutils.cc (ncclShmOpen: the "
-        "segment in /dev/shm that the ranks of one machine share)",
+        r"NCCL WARN (?:(?:Cuda|HIP|HSA) failure|Call to \S+ failed)[^\n]*",
+        NCCL_ERRORS + "; " + TORCH_NCCL,
     ),
     # --- the loader's processes and their shared memory
     _w(
@@ -275,9 +282,10 @@ WORDS: tuple[Word, ...] = (
         r"Image Not Found[^\n]*|cv2\.error[^\n]*|UnidentifiedImageError[^\n]*|cannot identify image file[^\n]*|"
         r"image file is truncated[^\n]*|Label class \d+ exceeds[^\n]*|Caught \w+ in DataLoader worker process[^\n]*|"
         r"PIL/(?:\w+ImagePlugin|ImageFile)\.py[^\n]*|ignoring corrupt image/label[^\n]*|"
-        r"Dataset '[^'\n]*'(?: images)? not found[^\n]*|'(?:train|val|test):' images not found[^\n]*",
+        r"FileNotFoundError:\s*Dataset '[^'\n]*'(?: images)? not found[^\n]*|'(?:train|val|test):' images not found ❌",
         ULTRALYTICS_DATA
-        + " and ultralytics/data/utils.py (check_det_dataset: a split's images missing); "
+        + " and ultralytics/data/utils.py (check_det_dataset raises a split's images missing: its warnings of the "
+        "same words, before a download or a split, are not failures); "
         + TORCH_LOADER
         + " (an exception raised by the dataset in a worker); "
         "python-pillow/Pillow's decoders (ImageFile, *ImagePlugin: a file that does not decode)",

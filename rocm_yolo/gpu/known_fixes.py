@@ -43,6 +43,10 @@ P2P_OFF = Fix(
     "ROCm/rocm-systems#11348 (4x Radeon AI PRO R9700 hang over PCIe P2P), ROCm/ROCm#6074 (collectives fail on "
     "2x RX 7900 XTX)",
 )
+SHM_ROOM = Fix(
+    "a /dev/shm with room for NCCL's segments (docker run --ipc=host, or --shm-size=8g), or NCCL_SHM_DISABLE=1",
+    "NVIDIA/nccl's environment variables (NCCL_SHM_DISABLE); docker run's --shm-size",
+)
 FINE_GRAIN = Fix("HSA_FORCE_FINE_GRAIN_PCIE=1, which RCCL's PCIe peer-to-peer needs", "ROCm/rccl#92")
 SLOTS = Fix(
     "each GPU in a slot wired to the CPU's PCIe lanes, not the chipset's (check with lspci -tv)", RADEON_MULTI_GPU_GUIDE

@@ -344,6 +344,18 @@ def test_the_runtimes_own_words(text, cls):
     assert diagnose(Evidence("crash", exit_code=-6, stderr=text + "\n")).cls == cls
 
 
+def test_ultralytics_warnings_in_the_words_of_a_data_error_decide_nothing():
+    """check_det_dataset warns in the same words before it downloads or splits a data set, and training goes on."""
+    warned = (
+        "WARNING ⚠️ Dataset 'coco8.yaml' images not found, missing path '/data/coco8/images/val'\n"
+        "WARNING ⚠️ Dataset 'split=train' not found at /data/x/train\n"
+        "UBSan: runtime error: load of misaligned address 0x55 for type 'int'\n"
+    )
+    trace = "Traceback (most recent call last):\nRuntimeError: mat1 and mat2 shapes cannot be multiplied (4x3 and 5x6)"
+    assert diagnose(Evidence("crash", exit_code=1, stderr=warned + trace, traceback=trace)).cls == TRAINING_ERROR
+    assert diagnose(Evidence("crash", exit_code=-11, stderr=warned)).cls not in (DATA_ERROR, GPU_FAULT)
+
+
 def test_a_collective_timeout_written_during_a_hang_is_a_collective_hang():
     said = "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE) ran for 1800812"
     main = [("/x/ultralytics/engine/trainer.py", "_do_train"), *MAIN_TAIL]

@@ -100,6 +100,19 @@ def test_a_second_collective_hang_ends_with_the_verdict_for_consumer_cards():
     assert "lspci" in text  # the slots
 
 
+def test_a_collective_without_room_in_dev_shm_turns_the_shared_memory_transport_off():
+    from rocm_yolo.diagnosis.diagnose import diagnose
+    from rocm_yolo.diagnosis.record import Evidence
+
+    said = "misc/shmutils.cc:72 NCCL WARN Error while creating shared memory segment /dev/shm/nccl-x (size 9637888)\n"
+    found = diagnose(Evidence("crash", exit_code=1, stderr=said, multi_gpu=True))
+    first = decide(failure(1, "collective"), found, [], Context())
+    assert first.action == P2P_OFF and first.env == {"NCCL_SHM_DISABLE": "1"} and "NCCL_SHM_DISABLE=1" in first.reason
+    again = decide(failure(2, "collective", epoch=3), found, [failure(1, "collective", remedy=P2P_OFF)], Context())
+    assert again.stops and "NCCL_SHM_DISABLE=1" in again.reason
+    assert "--shm-size" in "\n".join(again.verdict) and "iommu=pt" not in "\n".join(again.verdict)
+
+
 def test_gpu_out_of_memory_stops_at_once_with_a_smaller_batch():
     gib = 1 << 30
     sizes = {"tried": 2 * gib, "free": gib, "allocated": 6 * gib, "reserved": 0, "total": 8 * gib}

@@ -12,8 +12,9 @@ from rocm_yolo.patches.loaders import worker_deaths
 
 def raised(kind: type[BaseException], where: str):
     """``kind`` raised by code whose frame belongs to the file ``where`` (as the hand-over thread's would)."""
-    try:  # (OSError(32, ...) would be a BrokenPipeError: another errno for the plain one)
-        exec(compile(f"raise {kind.__name__}({5 if kind is OSError else 32}, 'an error')", where, "exec"))
+    args = "" if kind is EOFError else "5, 'an error'" if kind is OSError else "32, 'an error'"  # OSError(32): a pipe
+    try:
+        exec(compile(f"raise {kind.__name__}({args})", where, "exec"))
     except kind:
         return sys.exc_info()
     raise AssertionError("not raised")
