@@ -37,6 +37,22 @@ if ! python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --tar
     exit 3
 fi
 project=(.gpu/project/*.whl)
+# a wheel built from another tree than this one would measure other code: then the tree, if this setuptools can
+if [ ${#project[@]} -gt 0 ] && ! python3 - "${project[0]}" >>"$LOG" 2>&1 <<'EOF'
+import sys, zipfile
+from pathlib import Path
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    for name in wheel.namelist():
+        if name.startswith("rocm_yolo/") and name.endswith(".py"):
+            inner = name[len("rocm_yolo/"):]
+            tree = Path("patches", inner[len("patches/"):]) if inner.startswith("patches/") else Path("rocm_yolo", inner)
+            if not tree.is_file() or tree.read_bytes() != wheel.read(name):
+                sys.exit(f"{sys.argv[1]} holds another {tree} than this tree")
+EOF
+then
+    say "the carried wheel is not this tree's (see $LOG): installing the tree itself; rebuild .gpu/project next time"
+    project=()
+fi
 [ ${#project[@]} -eq 0 ] && project=(--no-build-isolation .)
 if ! python3 -m pip install -q --upgrade --no-index --no-deps --target /tmp/site2 "${project[@]}" >>"$LOG" 2>&1; then
     say "installing the project failed: see $LOG"

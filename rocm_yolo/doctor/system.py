@@ -148,7 +148,10 @@ def check_versions(opts: Options, gpus: list | None, torch_error: str | None = N
             fix = "this torch cannot use the AMD GPU: " + wheels.choose(archs, env={}).advice()
         elif build["torch"] and untested_torch(build["torch"]):
             status, found = WARN, f"{found}, older than the torch versions tested ({TESTED_TORCH} and newer)"
-            fix = "it may work, untested: " + wheels.choose(archs, env={}).advice()
+            fix = (
+                "nothing to do unless training fails inside torch; then a newer torch: "
+                + wheels.choose(archs, env={}).advice()
+            )
         yield Row("versions.torch", "torch", status, found, fix, data=dict(data, tested=TESTED_TORCH))
     ultra = _metadata_version("ultralytics")
     if ultra:

@@ -13,7 +13,7 @@ import re
 
 SUPPORTED_ULTRALYTICS = ">=8.4.158,<=8.4.190"
 # The oldest torch rocm-yolo has run with: the lent H100's acceptance run (docs/speed.md, "Measured on a GPU"; CI runs
-# 2.14.1 and the index's newest). pyproject allows 2.10, the torch of AMD's ROCm wheels: a higher floor would make
+# 2.14.1). pyproject allows 2.10, the torch of AMD's ROCm wheels: a higher floor would make
 # pip replace a user's ROCm build with the package index's CUDA one. So older than this is allowed, and said.
 TESTED_TORCH = "2.11"
 
@@ -28,8 +28,8 @@ def untested_torch(installed: str) -> str | None:
     if release(installed) >= release(TESTED_TORCH):
         return None
     return (
-        f"torch {installed} is older than any torch rocm-yolo was tested with ({TESTED_TORCH} and newer): it is "
-        "allowed for AMD's ROCm wheels, but untested (rocm-yolo doctor says which torch to install)"
+        f"torch {installed} is older than any torch rocm-yolo was tested with ({TESTED_TORCH} and newer): allowed "
+        "for AMD's ROCm wheels, untested"
     )
 
 
