@@ -98,6 +98,22 @@ def torch_import_error(opts: Options) -> str | None:
     )
 
 
+def _torch_row(build: dict, kind: str, have_gpu: bool, archs: list, data: dict) -> Row:
+    """The torch row of a torch that imports: its build, and whether it can use the AMD GPU and was tested."""
+    label = {"hip": f"ROCm/HIP {build['hip']} build", "cuda": f"CUDA {build['cuda']} build", "cpu": "CPU-only build"}
+    status, fix, found = OK, None, f"{build['torch']}, {label[kind]}"
+    if have_gpu and kind != "hip":
+        status = FAIL
+        fix = "this torch cannot use the AMD GPU: " + wheels.choose(archs, env={}).advice()
+    elif build["torch"] and untested_torch(build["torch"]):
+        status, found = WARN, f"{found}, older than the torch versions tested ({TESTED_TORCH} and newer)"
+        fix = (
+            "nothing to do unless training fails inside torch; then a newer torch: "
+            + wheels.choose(archs, env={}).advice()
+        )
+    return Row("versions.torch", "torch", status, found, fix, data=dict(data, tested=TESTED_TORCH))
+
+
 def check_versions(opts: Options, gpus: list | None, torch_error: str | None = None) -> Iterator[Row]:
     yield Row("versions.python", "Python", OK, f"{sys.version.split()[0]} ({opts.python})")
     build = torch_build()
@@ -137,22 +153,7 @@ def check_versions(opts: Options, gpus: list | None, torch_error: str | None = N
             ),
         )
     else:
-        label = {
-            "hip": f"ROCm/HIP {build['hip']} build",
-            "cuda": f"CUDA {build['cuda']} build",
-            "cpu": "CPU-only build",
-        }[kind]
-        status, fix, found = OK, None, f"{build['torch']}, {label}"
-        if have_gpu and kind != "hip":
-            status = FAIL
-            fix = "this torch cannot use the AMD GPU: " + wheels.choose(archs, env={}).advice()
-        elif build["torch"] and untested_torch(build["torch"]):
-            status, found = WARN, f"{found}, older than the torch versions tested ({TESTED_TORCH} and newer)"
-            fix = (
-                "nothing to do unless training fails inside torch; then a newer torch: "
-                + wheels.choose(archs, env={}).advice()
-            )
-        yield Row("versions.torch", "torch", status, found, fix, data=dict(data, tested=TESTED_TORCH))
+        yield _torch_row(build, kind, have_gpu, archs, data)
     ultra = _metadata_version("ultralytics")
     if ultra:
         outside = untested(ultra)
