@@ -119,13 +119,26 @@ def wait_for(predicate, timeout, what, proc=None, cli=None):
 SEAMS = Path(__file__).resolve().parent / "seams"
 
 
+def _with_seams(cli) -> None:
+    """``cli``'s processes load tests/seams' sitecustomize (each seam is on when its variable is set)."""
+    cli.env["PYTHONPATH"] = os.pathsep.join(x for x in (str(SEAMS), os.environ.get("PYTHONPATH")) if x)
+
+
 def with_kernel_log(cli, tmp_path) -> Path:
     """Point the supervisor of ``cli``'s runs at a kernel log the test writes (tests/seams)."""
     log = tmp_path / "kern.log"
     log.write_text("")
-    cli.env["PYTHONPATH"] = os.pathsep.join(x for x in (str(SEAMS), os.environ.get("PYTHONPATH")) if x)
+    _with_seams(cli)
     cli.env["ROCM_YOLO_TEST_KERNEL_LOG"] = str(log)
     return log
+
+
+def with_cpu_ranks(cli):
+    """``cli``'s runs on a machine of two GPUs whose ranks are CPU processes (tests/seams: seam_cpu_ddp)."""
+    _with_seams(cli)
+    cli.env["ROCM_YOLO_TEST_CPU_DDP"] = "1"
+    cli.env["ROCM_YOLO_KFD_ROOT"] = str(SEAMS / "kfd" / "nodes")  # each node: two GPUs, as the seam's ranks are
+    return cli
 
 
 def kernel_line(text: str) -> str:

@@ -10,7 +10,6 @@ epoch in ``results.csv``, and leaves nothing running.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,11 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import Cli, epochs_in, events, wait_for
+from helpers import epochs_in, events, wait_for, with_cpu_ranks
 from rocm_yolo.run import checkpoints, heartbeat
 from rocm_yolo.run.paths import RunPaths
 
-SEAM = Path(__file__).resolve().parents[1] / "seams"
 RECORD = "ROCM_YOLO_RECORD_BATCHES"
 TRAIN_IMAGES = 16  # tiny_data: 16 train images; batch 4 on 2 ranks -> 2 a rank, 4 batches an epoch
 DDP = ["--model", "yolo26n.yaml", "--device", "0,1", "--imgsz", "32", "--batch", "4", "plots=False"]
@@ -32,12 +30,8 @@ WATCH = ["--stall-timeout", "10", "--startup-grace", "120", "--workers", "1", "p
 
 
 @pytest.fixture
-def cli(tmp_path) -> Cli:
-    cli = Cli(tmp_path)
-    cli.env["PYTHONPATH"] = os.pathsep.join(x for x in (str(SEAM), os.environ.get("PYTHONPATH")) if x)
-    cli.env["ROCM_YOLO_TEST_CPU_DDP"] = "1"
-    cli.env["ROCM_YOLO_KFD_ROOT"] = str(SEAM / "kfd" / "nodes")  # two GPUs, as the seam's ranks are
-    return cli
+def cli(cli):  # conftest's, which stops whatever a test left running
+    return with_cpu_ranks(cli)
 
 
 def rank_batches(record: Path, attempt: int, rank: int) -> dict:

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import TAG_VAR, Cli, epochs_in, wait_for
+from helpers import TAG_VAR, Cli, epochs_in, wait_for, with_cpu_ranks
 from rocm_yolo import errors
 from rocm_yolo.launch.demo import write_demo
 from rocm_yolo.run import checkpoints, heartbeat
@@ -31,7 +31,6 @@ from rocm_yolo.run.nodes import Round, read_round
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import latest_spec
 
-SEAM = Path(__file__).resolve().parents[1] / "seams"
 # 32 train images, batch 8 on 2 nodes x 2 ranks: 2 images a rank, 4 batches an epoch
 NODE = ["--model", "yolo26n.yaml", "--device", "0,1", "--imgsz", "32", "--batch", "8", "plots=False"]
 WATCH = ["--stall-timeout", "10", "--startup-grace", "120", "--workers", "1", "prefetch_factor=1"]
@@ -43,13 +42,8 @@ def data32(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def cli(tmp_path):
-    cli = Cli(tmp_path)
-    cli.env["PYTHONPATH"] = os.pathsep.join(x for x in (str(SEAM), os.environ.get("PYTHONPATH")) if x)
-    cli.env["ROCM_YOLO_TEST_CPU_DDP"] = "1"
-    cli.env["ROCM_YOLO_KFD_ROOT"] = str(SEAM / "kfd" / "nodes")  # each node: two GPUs, as the seam's ranks are
-    yield cli
-    cli.kill_all()
+def cli(cli):  # conftest's, which stops whatever a test left running
+    return with_cpu_ranks(cli)
 
 
 def free_port(low: int = 15000, high: int = 30000) -> int:

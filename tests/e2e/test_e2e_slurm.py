@@ -16,12 +16,11 @@ import re
 import socket
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 import slurm_cluster
-from helpers import Cli, epochs_in
+from helpers import epochs_in, with_cpu_ranks
 from rocm_yolo import errors
 from rocm_yolo.launch.demo import write_demo
 from rocm_yolo.run import checkpoints, heartbeat
@@ -31,7 +30,6 @@ from rocm_yolo.run.supervisor_state import State, read_state
 
 pytestmark = pytest.mark.multinode
 
-SEAM = Path(__file__).resolve().parents[1] / "seams"
 # docs/multi-gpu.md's script, less what a CPU seam has no use for (GPUs, CPUs a task, a time limit, --requeue)
 SCRIPT = """\
 #!/bin/bash
@@ -82,13 +80,8 @@ def slurm():
 
 
 @pytest.fixture
-def cli(tmp_path):
-    cli = Cli(tmp_path)
-    cli.env["PYTHONPATH"] = os.pathsep.join(x for x in (str(SEAM), os.environ.get("PYTHONPATH")) if x)
-    cli.env["ROCM_YOLO_TEST_CPU_DDP"] = "1"
-    cli.env["ROCM_YOLO_KFD_ROOT"] = str(SEAM / "kfd" / "nodes")  # each node: two GPUs, as the seam's ranks are
-    yield cli
-    cli.kill_all()
+def cli(cli):  # conftest's, which stops whatever a test left running
+    return with_cpu_ranks(cli)
 
 
 def task_ends(output: str) -> dict[int, str]:
