@@ -326,20 +326,26 @@ def save_kill_writer(paths: RunPaths, where: tuple[int, int]):
         return None
 
     def kill_halfway(ckpt, f) -> None:
-        import io
-        import signal
-
-        import torch
-
-        buffer = io.BytesIO()
-        torch.save(ckpt, buffer)
-        data = buffer.getvalue()
-        f.write(data[: len(data) // 2])
-        f.flush()
+        write_first_half(ckpt, f)
         os.fsync(f.fileno())
         os.kill(os.getpid(), signal.SIGKILL)
 
     return kill_halfway
+
+
+def write_first_half(ckpt, f) -> bytes:
+    """``ckpt`` serialized as ``torch.save`` writes it, its first half written to ``f`` and flushed (a save cut
+    short); all of its bytes returned."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(ckpt, buffer)
+    data = buffer.getvalue()
+    f.write(data[: len(data) // 2])
+    f.flush()
+    return data
 
 
 class Injector:

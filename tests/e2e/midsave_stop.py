@@ -9,10 +9,11 @@ trainer does, a longer one is cut short by the SIGKILL that follows. Once per ru
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import time
+
+from rocm_yolo.testing.faults import write_first_half
 
 VARIABLE = "ROCM_YOLO_TEST_MIDSAVE_STOP"
 
@@ -25,13 +26,7 @@ def checkpoint_writer(paths, where: tuple[int, int]):
     marker.write_text(f"epoch {where[0]} batch {where[1]}\n")
 
     def stop_halfway(ckpt, f) -> None:
-        import torch
-
-        buffer = io.BytesIO()
-        torch.save(ckpt, buffer)
-        data = buffer.getvalue()
-        f.write(data[: len(data) // 2])
-        f.flush()
+        data = write_first_half(ckpt, f)
         os.kill(os.getppid(), signal.SIGTERM)  # the supervisor stops the tree: SIGTERM reaches the trainer now
         time.sleep(float(seconds))
         f.write(data[len(data) // 2 :])
