@@ -18,6 +18,8 @@ from rocm_yolo.run.profiles import resolve
 from rocm_yolo.run.spec import RunSpec
 from taskdata import TASKS, write_task_data
 
+pytest_plugins = ["time_by_file"]  # --time-by-file: each test file's wall and CPU seconds
+
 
 def pytest_sessionstart(session):
     """rocm-yolo's modules compiled once, before the tests start hundreds of processes that import them: where
@@ -57,6 +59,29 @@ def no_scheduler_job():
     saved = {k: os.environ.pop(k) for k in SCHEDULER_VARIABLES if k in os.environ}
     yield
     os.environ.update(saved)
+
+
+TRACKERS = ("clearml", "comet", "dvc", "mlflow", "neptune", "raytune", "tensorboard", "wandb")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ultralytics_settings(tmp_path_factory):
+    """Ultralytics' settings of the session's own (``YOLO_CONFIG_DIR``), not the user's ``settings.json``: no
+    analytics and no experiment tracker, so what a test sees does not depend on the machine's settings, and no
+    training imports MLflow or W&B (about 0.8 s of CPU each where the test extra installed them). The tracker
+    tests turn them on in settings of their own."""
+    config = tmp_path_factory.mktemp("ultralytics-config")
+    saved = os.environ.get("YOLO_CONFIG_DIR")
+    os.environ["YOLO_CONFIG_DIR"] = str(config)  # before this process imports Ultralytics, if it has not yet
+    from ultralytics.utils import SettingsManager
+
+    settings = SettingsManager(file=config / "Ultralytics" / "settings.json")  # Ultralytics' defaults, saved
+    settings.update({k: False for k in ("sync", *TRACKERS) if k in settings})
+    yield config
+    if saved is None:
+        os.environ.pop("YOLO_CONFIG_DIR", None)
+    else:
+        os.environ["YOLO_CONFIG_DIR"] = saved
 
 
 @pytest.fixture(scope="session", autouse=True)
