@@ -33,7 +33,9 @@ from rocm_yolo.run.spec import latest_spec
 
 # 32 train images, batch 8 on 2 nodes x 2 ranks: 2 images a rank, 4 batches an epoch
 NODE = ["--model", "yolo26n.yaml", "--device", "0,1", "--imgsz", "32", "--batch", "8", "plots=False"]
-WATCH = ["--stall-timeout", "10", "--startup-grace", "120", "--workers", "1", "prefetch_factor=1"]
+# Two nodes of two ranks each: four trainings at once on what may be a 2-core machine with another suite beside it.
+# At 10 s, node 0 once called the end of a finished training a hang there (its ranks in validation and gc for 10 s).
+WATCH = ["--stall-timeout", "20", "--startup-grace", "120", "--workers", "1", "prefetch_factor=1"]
 
 
 @pytest.fixture(scope="module")
