@@ -15,6 +15,7 @@ from collections import defaultdict
 import pytest
 
 CPU = "cpu_seconds"  # the user property a test's teardown report carries to the xdist controller
+_START = pytest.StashKey[float]()  # the CPU seconds when the test's setup began
 
 
 def pytest_addoption(parser):
@@ -37,9 +38,6 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     if call.when == "teardown" and _START in item.stash:
         outcome.get_result().user_properties.append((CPU, round(_cpu() - item.stash[_START], 3)))
-
-
-_START = pytest.StashKey[float]()
 
 
 class Totals:

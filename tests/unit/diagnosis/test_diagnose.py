@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rocm_yolo.diagnosis.diagnose import (
@@ -395,6 +397,7 @@ def test_a_data_error_names_the_file_not_the_source_line_that_raised_it():
     stamp=st.datetimes(),
     step=st.integers(0, 10**6),
 )
+@example(pid=1, address=0, tmp="0000", worker=0, stamp=datetime(2000, 2, 29), step=0)  # a leap day (once a failure)
 def test_one_failure_with_other_pids_addresses_paths_times_and_workers_has_one_signature(
     pid, address, tmp, worker, stamp, step
 ):
@@ -406,7 +409,7 @@ def test_one_failure_with_other_pids_addresses_paths_times_and_workers_has_one_s
             f"at step {s}: bad value in /tmp/tmp{t}/batch.npy at 0x{a:x}"
         )
 
-    base = normalized(said(1234, 0xDEAD, "abcd", 0, stamp.replace(year=2026), 7))
+    base = normalized(said(1234, 0xDEAD, "abcd", 0, datetime(2026, 11, 27, 9, 30, 1, 250000), 7))  # another time
     assert normalized(said(pid, address, tmp, worker, stamp, step)) == base
     other = normalized(said(1234, 0xDEAD, "abcd", 0, stamp, 7).replace("ValueError", "KeyError"))
     assert other != base  # two exception types: two failures
