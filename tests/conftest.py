@@ -12,11 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EXPECT_VAR, Cli
-from rocm_yolo.launch.demo import write_demo
-from rocm_yolo.run.profiles import resolve
-from rocm_yolo.run.spec import RunSpec
-from taskdata import TASKS, write_task_data
+# One OpenMP thread for torch in every process the tests start (and in this one, before it imports torch), unless
+# the developer chose otherwise: on two cores the tests run two trainings at once, each a trainer, a fork server
+# and workers, and torch's default of a thread per core made them spin for each other (tests/e2e/test_e2e_train.py:
+# 101 -> 87 CPU-seconds). Ranks got one already (torch.distributed.run sets it); the fork server's own default is
+# still tested (test_e2e_train's api_run runs without it).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from helpers import EXPECT_VAR, Cli  # noqa: E402
+from rocm_yolo.launch.demo import write_demo  # noqa: E402
+from rocm_yolo.run.profiles import resolve  # noqa: E402
+from rocm_yolo.run.spec import RunSpec  # noqa: E402
+from taskdata import TASKS, write_task_data  # noqa: E402
 
 pytest_plugins = ["time_by_file"]  # --time-by-file: each test file's wall and CPU seconds
 
