@@ -387,7 +387,12 @@ def describe(entry: Mapping) -> str:
 
 
 def _how_made() -> str:
-    """How this process was started, from its real command line: spawn, forkserver or fork."""
+    """How this process was started: spawn, forkserver or fork, from its real command line; a worker of a fork
+    server forked from the trainer (:mod:`rocm_yolo.trainer.loaders.forkserver`) has the trainer's, and its
+    server's mark."""
+    server = sys.modules.get("rocm_yolo.trainer.loaders.forkserver")
+    if getattr(server, "FORKED", False):
+        return "forkserver"
     try:
         cmdline = Path("/proc/self/cmdline").read_bytes()
     except OSError:

@@ -42,17 +42,17 @@ def probe_worker_init(worker_id: int) -> None:
 
 def probe_main(spec_file: str) -> None:
     """Build Ultralytics' dataset and load a few batches, reporting progress as events; workers start as
-    training starts them (by default forked from the preloaded fork server, started before torch)."""
+    training starts them (by default forked from the preloaded fork server, as in training)."""
     import multiprocessing
 
     multiprocessing.set_start_method("spawn", force=True)  # as the training child does, before torch
     spec = json.loads(Path(spec_file).read_text())
     method = spec.get("start_method", "forkserver")
+    _emit("start")
     if spec["workers"] and method == "forkserver":
         from rocm_yolo.trainer.loaders import forkserver
 
         forkserver.start(spec["run_dir"])  # records itself in RUN/rocm_yolo/forkserver.json, as in training
-    _emit("start")
     import torch
     from ultralytics.cfg import get_cfg
     from ultralytics.data.build import build_yolo_dataset

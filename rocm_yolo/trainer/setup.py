@@ -1,7 +1,8 @@
 """The training child's steps 2 and 3: environment and presets, the fork server, checked imports, the patches.
 
-``prepare_environment`` must not import torch: it runs before the patches, and the fork
-server (started right after it) inherits the environment it leaves.
+``prepare_environment`` must not import torch: it runs first, and torch, the fork server and
+its workers inherit the environment it leaves. The fork server is started once torch and
+Ultralytics are imported, before any patch is installed and before the GPU is touched.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ def prepare_environment(spec: RunSpec, environ=os.environ) -> Environment:
     """Apply the profile's variables and the architecture's presets where the user set nothing."""
     for key, value in spec.env.items():
         environ.setdefault(key, value)
+    if spec.loader.workers and spec.loader.start_method == "forkserver":
+        # numpy's OpenBLAS starts a pool of a thread per core when torch imports numpy; the trainer's numpy needs
+        # none (torch does its math), and a process with threads is not forked into the fork server.
+        environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     arch = gpu_arch.detect_arch()
     user_args = {k: spec.conv if k == "conv" else spec.train_args.get(k, True) for k in spec.user_keys}
     found = gpu_presets.presets(arch, user_args, environ)
@@ -85,12 +90,15 @@ def install_conv(spec: RunSpec, env: Environment) -> None:
 def setup(spec: RunSpec, log: RunLog) -> Environment:
     """Steps 2-3: everything before the model is built; raises for errors (the child reports them)."""
     env = prepare_environment(spec)  # 2. profile variables and architecture presets (no torch yet)
+    import_checked("torch", "reinstall torch (on an AMD GPU, the ROCm build)")  # 3.
+    import_checked("ultralytics", "reinstall ultralytics")
     if env.loader.workers and env.loader.start_method == "forkserver":
         from rocm_yolo.trainer.loaders import forkserver
 
-        forkserver.start(spec.run_dir)  # imports torch and Ultralytics while the trainer does the same
-    import_checked("torch", "reinstall torch (on an AMD GPU, the ROCm build)")  # 3.
-    import_checked("ultralytics", "reinstall ultralytics")
+        # before any patch is installed and before the GPU is touched: a fork of this process, where that is safe
+        why = forkserver.start(spec.run_dir)
+        if why:
+            log.event("forkserver_exec", why=why)  # a new interpreter instead, which imports torch again
     from rocm_yolo.conv import patch as conv_patch
     from rocm_yolo.patches.loaders import dataloader as loader_patch
     from rocm_yolo.patches.loaders import threads as threads_patch

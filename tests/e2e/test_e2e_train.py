@@ -49,9 +49,9 @@ def api_run(tmp_path_factory, tiny_data):
         "print('RESULT', json.dumps({'code': r.exit_code, 'run_dir': r.run_dir, 'last': str(r.last)}))\n"
     )
     cli = Cli(root)
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=root, env=cli.environ(), capture_output=True, text=True, timeout=300
-    )
+    env = cli.environ()
+    env.pop("OMP_NUM_THREADS", None)  # as most users run it (conftest sets it): the fork server then sets its own
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     result = json.loads(proc.stdout.split("RESULT", 1)[1]) if "RESULT" in proc.stdout else {}
     return {"proc": proc, "result": result, "cli": cli, "run": Path(result.get("run_dir", root / "missing"))}
 
@@ -66,9 +66,12 @@ def test_python_api_trains_with_forkserver_workers_on_the_cpu(api_run):
     assert start["method"] == "spawn" and start["torch_imported"] is False  # set before torch was imported
     trainer_pid = start["pid"]
     made = workers_of(run)
-    assert len(made) == 2 and {w["start_method"] for w in made} == {"forkserver"}  # read from /proc/PID/cmdline
+    assert len(made) == 2 and {w["start_method"] for w in made} == {"forkserver"}
     server = json.loads(RunPaths(run).forkserver().read_text())
     assert server["trainer"] == trainer_pid and server["gpu_files"] == [] and server["native_threads"] == ["python"]
+    # forked from the trainer once it had imported torch and Ultralytics (the user's environment: no thread count
+    # set, so the trainer itself kept numpy's BLAS from starting a pool), not a second interpreter importing them
+    assert server["started"] == "fork" and events(run, "forkserver_exec") == []
     assert {w["ppid"] for w in made} == {server["pid"]} and {w["trainer"] for w in made} == {trainer_pid}
     assert {w["role"] for w in made} == {"train"}
     # Ultralytics sets workers=0 on the CPU; rocm-yolo restores the request and says so

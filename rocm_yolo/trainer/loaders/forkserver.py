@@ -5,29 +5,41 @@ it can read the pickled dataset its parent writes into a 64 KiB pipe, so the par
 worker by worker: 8 workers took 45 s to the first batch on a 16-core GPU machine. A fork
 server fixes that without giving up what spawn is for:
 
-- the server is a *fresh* interpreter (started by exec, like spawn), started by the trainer
-  before it imports torch, that imports torch and Ultralytics' data modules once and then
-  only forks. It never touches the GPU and runs no threads of its own, so a worker forked
-  from it inherits no GPU runtime state and no lock held by a busy thread of the trainer
-  (the pin-memory thread, a decoding thread): the two things ``fork`` from the trainer gets
-  wrong. CPython 3.14 made forkserver its Linux default for the same reason.
+- the server has torch and Ultralytics' data modules imported, then only forks. It never
+  touches the GPU and runs no threads of its own, so a worker forked from it inherits no GPU
+  runtime state and no lock held by a busy thread of the trainer (the pin-memory thread, a
+  decoding thread): the two things ``fork`` from the trainer gets wrong. CPython 3.14 made
+  forkserver its Linux default for the same reason.
+- how it is made: the trainer, once it has imported those modules and before it touches the
+  GPU, forks it (:func:`start`), if at that moment the trainer is as a server must be: its main
+  thread alone, no GPU device file open, the GPU runtime not initialized (:func:`fork_refused`
+  checks; each is read from /proc and torch, not assumed). The child then becomes what a fresh
+  server would be (:func:`_as_fresh`: every other file descriptor on /dev/null, the signal
+  handlers of a new interpreter) and runs multiprocessing's own server. It imports nothing: a
+  fresh interpreter importing torch again cost 3-4 CPU-seconds of every attempt. Where the
+  trainer is not in that state, the server is a fresh interpreter (started by exec, like
+  spawn), as multiprocessing makes it, and the record says why.
 - a worker is a fork of that server: it starts in milliseconds, already has torch and
   Ultralytics imported, and reads its dataset at once, so workers start together. A dataset
   defined elsewhere has its module imported by the server too, once, before its next fork
   (:mod:`rocm_yolo.process.preimport`): not once in every worker.
 
-The server records what it is in ``RUN/rocm_yolo/forkserver.json`` (threads, GPU device
-files open) and dies with the trainer (``PR_SET_PDEATHSIG``); each worker dies with the
+The server records what it is in ``RUN/rocm_yolo/forkserver.json`` (how it was started, threads,
+GPU device files open) and dies with the trainer (``PR_SET_PDEATHSIG``); each worker dies with the
 server and kills itself if the trainer is already gone (see patches/loaders/dataloader.WorkerInit).
-This module does not import torch: it runs before the trainer imports it.
+This module does not import torch: the trainer imports it before torch.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.util
 import os
+import signal
+import sys
 import time
 
 from rocm_yolo import environment
@@ -35,16 +47,33 @@ from rocm_yolo.process import preimport
 from rocm_yolo.run.devices import rank
 from rocm_yolo.run.paths import RunPaths
 
-PRELOAD = "rocm_yolo.trainer.loaders.preload"  # the module the server imports (torch, Ultralytics' data modules)
+PRELOAD = "rocm_yolo.trainer.loaders.preload"  # the module the server imports (it records the server)
+# What a worker needs to unpickle an Ultralytics dataset and run it: imported before the server forks any worker.
+WORKER_MODULES = (
+    "torch",
+    "torch.utils.data",
+    "ultralytics",
+    "ultralytics.data.augment",
+    "ultralytics.data.build",
+    "ultralytics.data.dataset",
+    "rocm_yolo.patches.loaders.dataloader",  # WorkerInit, every worker's worker_init_fn
+)
 SINGLE_THREADED = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # unless the user set them
+# A new interpreter's signal handlers, where they are not SIG_DFL (what the server and its workers start from).
+FRESH_HANDLERS = {signal.SIGINT: signal.default_int_handler, signal.SIGPIPE: signal.SIG_IGN}
+if hasattr(signal, "SIGXFSZ"):
+    FRESH_HANDLERS[signal.SIGXFSZ] = signal.SIG_IGN
+FORKED = False  # True in a server forked from the trainer (its record says how it started)
 
 
-def start(run_dir: str | os.PathLike) -> None:
-    """Start the preloaded fork server now, so its imports overlap the trainer's set-up.
+def start(run_dir: str | os.PathLike) -> str | None:
+    """Start the preloaded fork server: forked from this process where that is safe, else a fresh interpreter.
 
-    Returns at once: the server imports in the background, and the first worker request
-    waits for it. Call after the environment is final (the server and every worker inherit
-    it) and before the first DataLoader with workers is iterated.
+    Call after the environment is final (the server and every worker inherit it), before this
+    process touches the GPU, and before the first DataLoader with workers is iterated. It imports
+    :data:`WORKER_MODULES` first (the trainer needs them too). Returns None when the server is a
+    fork of this process; else why it is not, and the server is a fresh interpreter that imports
+    them in the background (the first worker request waits for it).
     """
     os.environ[environment.TRAINER_PID] = str(os.getpid())  # the server dies with it
     os.environ[environment.RUN_DIR] = str(run_dir)  # where the server records itself
@@ -56,20 +85,127 @@ def start(run_dir: str | os.PathLike) -> None:
         os.environ[environment.FORKSERVER_IMPORTS] = str(imports)
     except OSError:
         os.environ.pop(environment.FORKSERVER_IMPORTS, None)  # every worker then imports them itself
+    why = fork_refused() or _import_worker_modules() or fork_refused()
     multiprocessing.get_context("forkserver").set_forkserver_preload([PRELOAD])
     # The server and its workers need no math thread pools (torch sets one thread per worker
-    # anyway): the server then forks with no idle pool thread beside its main thread.
+    # anyway): a fresh server then forks with no idle pool thread beside its main thread.
     saved = {key: os.environ.get(key) for key in SINGLE_THREADED}
     for key in SINGLE_THREADED:
         os.environ.setdefault(key, "1")
     try:
-        multiprocessing.forkserver.ensure_running()
+        if why is None:
+            _fork_server()
+        else:
+            multiprocessing.forkserver.ensure_running()
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+    return why
+
+
+def fork_refused() -> str | None:
+    """Why this process may not become the fork server by a fork now (None: it may).
+
+    A fork copies one thread and every byte of memory: a lock another thread held stays held in
+    the child for good, and GPU runtime state does not survive a fork. So: the main thread alone
+    (native threads too, read from /proc), no GPU device file open, torch's GPU runtime not started.
+    """
+    threads = preimport.native_threads()
+    if len(threads) > 1:
+        return f"the trainer runs {len(threads)} threads ({', '.join(sorted(set(threads)))})"
+    files = preimport.gpu_files()
+    if files:
+        return f"the trainer holds {files[0]} open"
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+        return "the trainer has started the GPU runtime"
+    return None
+
+
+def _import_worker_modules() -> str | None:
+    """Import :data:`WORKER_MODULES`; None, or which one failed (the server then imports them itself, and
+    records the error: the trainer's own checked import reports a broken torch)."""
+    for name in WORKER_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001
+            return f"{name} cannot be imported ({type(e).__name__})"
+    return None
+
+
+def _fork_server() -> None:
+    """multiprocessing's own ``ensure_running``, with the server forked from this process instead of spawned.
+
+    ``ensure_running`` makes the listening socket and the "alive" pipe and runs ``python -c
+    'from multiprocessing.forkserver import main; main(...)'`` through ``util.spawnv_passfds``; for
+    that one call, :func:`_fork_passfds` runs the same code in a fork. Everything else (the socket,
+    the handshake, the client side) is the standard library's, on every Python version that starts
+    its server so.
+    """
+    for stream in (sys.stdout, sys.stderr):  # the child must not write out what this process buffered
+        if stream is not None:
+            stream.flush()
+    spawn = multiprocessing.util.spawnv_passfds
+    multiprocessing.util.spawnv_passfds = _fork_passfds
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        multiprocessing.util.spawnv_passfds = spawn
+
+
+def _fork_passfds(path: str, args: list[str], passfds) -> int:
+    """``util.spawnv_passfds``' contract (start ``args`` keeping ``passfds``, return the pid), by a fork that
+    runs the ``-c`` code of ``args`` in this interpreter."""
+    code = args[args.index("-c") + 1]
+    pid = os.fork()
+    if pid:
+        return pid
+    status = 1
+    try:
+        _as_fresh(set(passfds))
+        exec(code, {"__name__": "__mp_forkserver__"})
+        status = 0
+    except SystemExit as e:  # the server's end: the trainer closed the alive pipe
+        status = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    except BaseException:  # noqa: BLE001 - as the server's interpreter would: the traceback, exit 1
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(status)
+
+
+def _as_fresh(keep: set[int]) -> None:
+    """Make this fork of the trainer what a server started by exec would be, but for its imports: every file
+    descriptor beyond stdin, stdout, stderr and ``keep`` points at /dev/null (the trainer's files, pipes and
+    locks are not the server's; the trainer's Python objects still hold valid ones), a new interpreter's signal
+    handlers, no wakeup fd, multiprocessing's server record unlocked (this fork was made inside its lock)."""
+    global FORKED
+    FORKED = True
+    null = os.open(os.devnull, os.O_RDWR)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd != null and fd not in keep:
+            try:
+                os.dup2(null, fd)
+            except OSError:  # the descriptor listdir itself used, closed meanwhile
+                pass
+    os.close(null)
+    signal.set_wakeup_fd(-1)
+    for sig in signal.valid_signals():
+        want = FRESH_HANDLERS.get(sig, signal.SIG_DFL)
+        try:
+            if signal.getsignal(sig) not in (want, None):
+                signal.signal(sig, want)
+        except (OSError, ValueError, RuntimeError):  # SIGKILL, SIGSTOP, the real-time signals Python does not name
+            pass
+    lock = multiprocessing.forkserver._forkserver._lock
+    if lock.locked():
+        lock.release()
 
 
 def server_pid() -> int | None:

@@ -7,6 +7,7 @@ threads it has and whether it holds any GPU device file (it must hold none).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import time
@@ -16,10 +17,12 @@ from rocm_yolo.process import preimport
 from rocm_yolo.process.lifecycle import die_with_parent
 from rocm_yolo.run.devices import rank
 from rocm_yolo.run.paths import RunPaths
+from rocm_yolo.trainer.loaders import forkserver
 
 
 def _import_worker_modules() -> tuple[str | None, str | None]:
-    """Import torch, Ultralytics' data modules and the worker side of the DataLoader patch.
+    """Import :data:`.forkserver.WORKER_MODULES` (torch, Ultralytics' data modules, the worker side of the DataLoader
+    patch): in a server forked from the trainer they are imported already.
 
     Returns (Ultralytics' version, None), or (None, the error in one line): a broken torch is
     reported by the trainer's own checked import, as a setup error; multiprocessing's server
@@ -27,14 +30,9 @@ def _import_worker_modules() -> tuple[str | None, str | None]:
     still forks, as a plain fork server.
     """
     try:
-        import torch  # noqa: F401
-        import torch.utils.data  # noqa: F401
+        for name in forkserver.WORKER_MODULES:
+            importlib.import_module(name)
         import ultralytics
-        import ultralytics.data.augment  # noqa: F401
-        import ultralytics.data.build  # noqa: F401
-        import ultralytics.data.dataset  # noqa: F401
-
-        import rocm_yolo.patches.loaders.dataloader  # noqa: F401 - WorkerInit, every worker's worker_init_fn
     except Exception as e:  # noqa: BLE001
         return None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
     return ultralytics.__version__, None
@@ -53,6 +51,7 @@ def _preload() -> None:
         record = {
             "pid": os.getpid(),
             "trainer": trainer,
+            "started": "fork" if forkserver.FORKED else "exec",  # forked from the trainer, or a new interpreter
             "import_seconds": round(time.monotonic() - began, 2),
             "ultralytics": version,  # what the workers run (the lower-bound tests check it)
             "python_threads": threading.active_count(),
