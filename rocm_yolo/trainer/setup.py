@@ -35,10 +35,6 @@ def prepare_environment(spec: RunSpec, environ=os.environ) -> Environment:
     """Apply the profile's variables and the architecture's presets where the user set nothing."""
     for key, value in spec.env.items():
         environ.setdefault(key, value)
-    if spec.loader.workers and spec.loader.start_method == "forkserver":
-        # numpy's OpenBLAS starts a pool of a thread per core when torch imports numpy; the trainer's numpy needs
-        # none (torch does its math), and a process with threads is not forked into the fork server.
-        environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     arch = gpu_arch.detect_arch()
     user_args = {k: spec.conv if k == "conv" else spec.train_args.get(k, True) for k in spec.user_keys}
     found = gpu_presets.presets(arch, user_args, environ)
@@ -56,6 +52,10 @@ def prepare_environment(spec: RunSpec, environ=os.environ) -> Environment:
             env.args[p.key] = p.value
         elif p.kind == "loader" and p.key in LoaderSettings.__dataclass_fields__:
             env.loader = replace(env.loader, **{p.key: p.value})
+    if env.loader.workers and env.loader.start_method == "forkserver":
+        # numpy's OpenBLAS starts a pool of a thread per core when torch imports numpy; the trainer's numpy needs
+        # none (torch does its math), and a process with threads is not forked into the fork server.
+        environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     return env
 
 

@@ -32,10 +32,12 @@ This module does not import torch: the trainer imports it before torch.
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import json
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import multiprocessing.util
 import os
 import signal
@@ -59,10 +61,8 @@ WORKER_MODULES = (
     "rocm_yolo.patches.loaders.dataloader",  # WorkerInit, every worker's worker_init_fn
 )
 SINGLE_THREADED = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # unless the user set them
-# A new interpreter's signal handlers, where they are not SIG_DFL (what the server and its workers start from).
-FRESH_HANDLERS = {signal.SIGINT: signal.default_int_handler, signal.SIGPIPE: signal.SIG_IGN}
-if hasattr(signal, "SIGXFSZ"):
-    FRESH_HANDLERS[signal.SIGXFSZ] = signal.SIG_IGN
+# A new interpreter's Python handlers, where the trainer's own give way to SIG_DFL otherwise.
+FRESH_HANDLERS = {signal.SIGINT: signal.default_int_handler}
 FORKED = False  # True in a server forked from the trainer (its record says how it started)
 
 
@@ -94,8 +94,11 @@ def start(run_dir: str | os.PathLike) -> str | None:
         os.environ.setdefault(key, "1")
     try:
         if why is None:
-            _fork_server()
-        else:
+            try:
+                _fork_server()
+            except OSError as e:  # no fork now (EAGAIN at a process limit, ENOMEM): a new interpreter, as before
+                why = f"fork failed ({e.strerror or e})"
+        if why is not None:
             multiprocessing.forkserver.ensure_running()
     finally:
         for key, value in saved.items():
@@ -144,8 +147,10 @@ def _fork_server() -> None:
     'from multiprocessing.forkserver import main; main(...)'`` through ``util.spawnv_passfds``; for
     that one call, :func:`_fork_passfds` runs the same code in a fork. Everything else (the socket,
     the handshake, the client side) is the standard library's, on every Python version that starts
-    its server so.
+    its server so (3.11 to 3.14). The resource tracker, which ``ensure_running`` starts first through
+    the same function, is started before, as a new interpreter.
     """
+    multiprocessing.resource_tracker.ensure_running()
     for stream in (sys.stdout, sys.stderr):  # the child must not write out what this process buffered
         if stream is not None:
             stream.flush()
@@ -166,7 +171,7 @@ def _fork_passfds(path: str, args: list[str], passfds) -> int:
         return pid
     status = 1
     try:
-        _as_fresh(set(passfds))
+        _as_fresh({*passfds, *_tracker_fd()})
         exec(code, {"__name__": "__mp_forkserver__"})
         status = 0
     except SystemExit as e:  # the server's end: the trainer closed the alive pipe
@@ -179,11 +184,19 @@ def _fork_passfds(path: str, args: list[str], passfds) -> int:
         os._exit(status)
 
 
+def _tracker_fd() -> list[int]:
+    """The resource tracker's descriptor: the server registers with the trainer's tracker, as its workers do."""
+    fd = getattr(multiprocessing.resource_tracker._resource_tracker, "_fd", None)
+    return [fd] if isinstance(fd, int) else []
+
+
 def _as_fresh(keep: set[int]) -> None:
     """Make this fork of the trainer what a server started by exec would be, but for its imports: every file
     descriptor beyond stdin, stdout, stderr and ``keep`` points at /dev/null (the trainer's files, pipes and
-    locks are not the server's; the trainer's Python objects still hold valid ones), a new interpreter's signal
-    handlers, no wakeup fd, multiprocessing's server record unlocked (this fork was made inside its lock)."""
+    locks are not the server's; the trainer's Python objects still hold valid ones), no handler of the
+    trainer's for any signal (Python's, faulthandler's; an ignored signal stays ignored, as across exec), no
+    wakeup fd, the interpreter's own stdout and stderr, multiprocessing's server record unlocked (this fork was
+    made inside its lock)."""
     global FORKED
     FORKED = True
     null = os.open(os.devnull, os.O_RDWR)
@@ -196,13 +209,18 @@ def _as_fresh(keep: set[int]) -> None:
                 pass
     os.close(null)
     signal.set_wakeup_fd(-1)
+    faulthandler.disable()
     for sig in signal.valid_signals():
-        want = FRESH_HANDLERS.get(sig, signal.SIG_DFL)
         try:
-            if signal.getsignal(sig) not in (want, None):
-                signal.signal(sig, want)
+            faulthandler.unregister(sig)  # a stack-dump signal of the trainer's (it dumps into the trainer's file)
+            if callable(signal.getsignal(sig)):  # a Python handler of the trainer's
+                signal.signal(sig, FRESH_HANDLERS.get(sig, signal.SIG_DFL))
         except (OSError, ValueError, RuntimeError):  # SIGKILL, SIGSTOP, the real-time signals Python does not name
             pass
+    if os.environ.get("PYTHONFAULTHANDLER"):
+        faulthandler.enable()
+    sys.stdout = sys.__stdout__ or sys.stdout  # not the trainer's wrappers (its terminal guard)
+    sys.stderr = sys.__stderr__ or sys.stderr
     lock = multiprocessing.forkserver._forkserver._lock
     if lock.locked():
         lock.release()

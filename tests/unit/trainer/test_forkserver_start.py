@@ -15,13 +15,15 @@ import textwrap
 import pytest
 
 SCRIPT = """
-import json, os, signal, sys, threading, time
+import faulthandler, json, multiprocessing.resource_tracker, os, signal, sys, threading, time
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.trainer.loaders import forkserver
 
 run = sys.argv[1]
 held = open(os.path.join(run, "held.txt"), "w")  # a file of the trainer's: not the server's
 signal.signal(signal.SIGTERM, lambda *a: None)  # a handler of the trainer's: not the server's
+faulthandler.register(signal.SIGUSR1, file=held)  # nor its stack-dump signal
+signal.signal(signal.SIGHUP, signal.SIG_IGN)  # an ignored signal stays ignored, as across exec
 if sys.argv[2] == "thread":
     threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
 why = forkserver.start(run)
@@ -32,9 +34,12 @@ while not path.exists() and time.monotonic() < deadline:
 server = forkserver.server_pid()
 time.sleep(0.2)  # the record is written by the preload, before the server's loop sets its own handlers
 fds = [os.readlink(f"/proc/{server}/fd/{fd}") for fd in os.listdir(f"/proc/{server}/fd")]
-caught = int(next(l for l in open(f"/proc/{server}/status") if l.startswith("SigCgt:")).split()[1], 16)
+status = {l.split(":")[0]: l.split()[1] for l in open(f"/proc/{server}/status") if l.startswith("Sig")}
+caught, ignored = int(status["SigCgt"], 16), int(status["SigIgn"], 16)
+tracker = open(f"/proc/{multiprocessing.resource_tracker._resource_tracker._pid}/cmdline", "rb").read()
 print("RESULT", json.dumps({"why": why, "record": json.loads(path.read_text()), "server": server,
-                            "parent": os.getpid(), "fds": fds, "caught": caught}))
+                            "parent": os.getpid(), "fds": fds, "caught": caught, "ignored": ignored,
+                            "tracker": tracker.decode(errors="replace")}))
 """
 
 
@@ -53,7 +58,10 @@ def test_a_single_threaded_trainer_forks_its_server_which_keeps_nothing_of_the_t
     assert r["why"] is None and record["started"] == "fork" and record["trainer"] == r["parent"]
     assert record["preload_error"] is None and record["native_threads"] == ["python"] and record["gpu_files"] == []
     assert not any(fd.endswith("held.txt") for fd in r["fds"]), r["fds"]  # on /dev/null in the server
-    assert not r["caught"] & (1 << (signal.SIGTERM - 1))  # SIGTERM: the default action, as in a new interpreter
+    for sig in (signal.SIGTERM, signal.SIGUSR1):  # the default action, as in a new interpreter
+        assert not r["caught"] & (1 << (sig - 1)), sig
+    assert r["ignored"] & (1 << (signal.SIGHUP - 1))
+    assert "resource_tracker" in r["tracker"]  # multiprocessing's resource tracker is still a new interpreter
 
 
 def test_a_trainer_with_a_thread_gets_a_new_interpreter_and_says_why(tmp_path):
