@@ -129,6 +129,17 @@ def native_threads() -> list[str]:
     return names
 
 
+def unfit_for_server() -> str | None:
+    """Why this process is not as a fork server must be (None: it is): its main thread alone, no GPU file open."""
+    threads = native_threads()
+    if len(threads) > 1:
+        return f"{len(threads)} threads ({', '.join(sorted(set(threads)))})"
+    files = gpu_files()
+    if files:
+        return f"{files[0]} open"
+    return None
+
+
 def _clean_import(name: str) -> bool:
     """Whether importing ``name`` leaves a process as a fork server must stay: no GPU file open, no new thread.
 
@@ -140,7 +151,7 @@ def _clean_import(name: str) -> bool:
         code = 1
         try:
             __import__(name)
-            code = 0 if not gpu_files() and len(native_threads()) == 1 else 1
+            code = 0 if unfit_for_server() is None else 1
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)

@@ -149,6 +149,11 @@ class LoaderSettings:
     )
     threads: int = 0  # with workers=0: loader threads in the trainer process (profile threads); 0: the main thread
 
+    @property
+    def fork_server(self) -> bool:
+        """Whether the loaders' workers come from the preloaded fork server."""
+        return bool(self.workers) and self.start_method == "forkserver"
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -52,7 +52,7 @@ def prepare_environment(spec: RunSpec, environ=os.environ) -> Environment:
             env.args[p.key] = p.value
         elif p.kind == "loader" and p.key in LoaderSettings.__dataclass_fields__:
             env.loader = replace(env.loader, **{p.key: p.value})
-    if env.loader.workers and env.loader.start_method == "forkserver":
+    if env.loader.fork_server:
         # numpy's OpenBLAS starts a pool of a thread per core when torch imports numpy; the trainer's numpy needs
         # none (torch does its math), and a process with threads is not forked into the fork server.
         environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -92,7 +92,7 @@ def setup(spec: RunSpec, log: RunLog) -> Environment:
     env = prepare_environment(spec)  # 2. profile variables and architecture presets (no torch yet)
     import_checked("torch", "reinstall torch (on an AMD GPU, the ROCm build)")  # 3.
     import_checked("ultralytics", "reinstall ultralytics")
-    if env.loader.workers and env.loader.start_method == "forkserver":
+    if env.loader.fork_server:
         from rocm_yolo.trainer.loaders import forkserver
 
         # before any patch is installed and before the GPU is touched: a fork of this process, where that is safe

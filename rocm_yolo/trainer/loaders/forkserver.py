@@ -14,8 +14,8 @@ server fixes that without giving up what spawn is for:
   GPU, forks it (:func:`start`), if at that moment the trainer is as a server must be: its main
   thread alone, no GPU device file open, the GPU runtime not initialized (:func:`fork_refused`
   checks; each is read from /proc and torch, not assumed). The child then becomes what a fresh
-  server would be (:func:`_as_fresh`: every other file descriptor on /dev/null, the signal
-  handlers of a new interpreter) and runs multiprocessing's own server. It imports nothing: a
+  server would be (:func:`_as_fresh`: every other file descriptor on /dev/null, none of the
+  trainer's signal handlers) and runs multiprocessing's own server. It imports nothing: a
   fresh interpreter importing torch again cost 3-4 CPU-seconds of every attempt. Where the
   trainer is not in that state, the server is a fresh interpreter (started by exec, like
   spawn), as multiprocessing makes it, and the record says why.
@@ -85,7 +85,7 @@ def start(run_dir: str | os.PathLike) -> str | None:
         os.environ[environment.FORKSERVER_IMPORTS] = str(imports)
     except OSError:
         os.environ.pop(environment.FORKSERVER_IMPORTS, None)  # every worker then imports them itself
-    why = fork_refused() or _import_worker_modules() or fork_refused()
+    why = import_worker_modules() or fork_refused()
     multiprocessing.get_context("forkserver").set_forkserver_preload([PRELOAD])
     # The server and its workers need no math thread pools (torch sets one thread per worker
     # anyway): a fresh server then forks with no idle pool thread beside its main thread.
@@ -116,12 +116,9 @@ def fork_refused() -> str | None:
     the child for good, and GPU runtime state does not survive a fork. So: the main thread alone
     (native threads too, read from /proc), no GPU device file open, torch's GPU runtime not started.
     """
-    threads = preimport.native_threads()
-    if len(threads) > 1:
-        return f"the trainer runs {len(threads)} threads ({', '.join(sorted(set(threads)))})"
-    files = preimport.gpu_files()
-    if files:
-        return f"the trainer holds {files[0]} open"
+    unfit = preimport.unfit_for_server()
+    if unfit:
+        return f"the trainer has {unfit}"
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
     if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
@@ -129,14 +126,14 @@ def fork_refused() -> str | None:
     return None
 
 
-def _import_worker_modules() -> str | None:
-    """Import :data:`WORKER_MODULES`; None, or which one failed (the server then imports them itself, and
-    records the error: the trainer's own checked import reports a broken torch)."""
+def import_worker_modules() -> str | None:
+    """Import :data:`WORKER_MODULES`: None, or the error in one line (in the trainer, the server is then a new
+    interpreter that records it; the trainer's own checked import reports a broken torch)."""
     for name in WORKER_MODULES:
         try:
             importlib.import_module(name)
         except Exception as e:  # noqa: BLE001
-            return f"{name} cannot be imported ({type(e).__name__})"
+            return f"{type(e).__name__}: {e}".splitlines()[0][:300]
     return None
 
 

@@ -7,7 +7,6 @@ threads it has and whether it holds any GPU device file (it must hold none).
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import time
@@ -29,12 +28,11 @@ def _import_worker_modules() -> tuple[str | None, str | None]:
     would print a traceback for anything but an ImportError. Without the preload the server
     still forks, as a plain fork server.
     """
-    try:
-        for name in forkserver.WORKER_MODULES:
-            importlib.import_module(name)
-        import ultralytics
-    except Exception as e:  # noqa: BLE001
-        return None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+    error = forkserver.import_worker_modules()
+    if error:
+        return None, error
+    import ultralytics
+
     return ultralytics.__version__, None
 
 
