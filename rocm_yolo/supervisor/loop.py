@@ -23,42 +23,35 @@ from pathlib import Path
 from typing import Callable
 
 from rocm_yolo import errors, triage
-from rocm_yolo.diagnosis import evidence, remedies
-from rocm_yolo.diagnosis.diagnose import GPU_CLASSES, diagnose
+from rocm_yolo.diagnosis import remedies
+from rocm_yolo.diagnosis.diagnose import GPU_CLASSES
 from rocm_yolo.diagnosis.evidence import Machine
 from rocm_yolo.gpu.release import Release, wait_released
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.spec import RunSpec
-from rocm_yolo.run.supervisor_state import (
-    Failure,
-    Hang,
-    Recovery,
-    State,
-    read_state,
-    write_state,
-)
+from rocm_yolo.run.supervisor_state import Failure, Recovery, State, read_state, write_state
 from rocm_yolo.supervisor import restart
 from rocm_yolo.supervisor.config import WatchdogConfig
+from rocm_yolo.supervisor.failed import diagnose_end, hang_of
 from rocm_yolo.supervisor.recovery import RecoveryTracker
 from rocm_yolo.supervisor.reporting import Reporter
-from rocm_yolo.supervisor.restart import environment_error, last_loadable, next_spec, resume_command, tidy_finished
+from rocm_yolo.supervisor.restart import (
+    after_stop,
+    environment_error,
+    last_loadable,
+    next_spec,
+    resume_command,
+    tidy_finished,
+    trained_all,
+)
 from rocm_yolo.supervisor.signals import Signals
 from rocm_yolo.supervisor.stall import Startup
 from rocm_yolo.supervisor.states import RUN_EXIT, RunResult
 from rocm_yolo.supervisor.trainer_process import Child, TrainerProcess
 from rocm_yolo.supervisor.watch import AttemptEnd, Watch
-from rocm_yolo.supervisor.watch import where as watch_where
-from rocm_yolo.ultralytics_rules.checkpoint import summary
 
 HISTORY = ("hangs", "restarts", "lost_seconds", "recoveries", "failures")  # what a resumed run carries on
-
-
-def _finished(spec: RunSpec) -> bool:
-    """Whether the checkpoint ``spec`` resumes belongs to a run that trained all its epochs (all of a resume's
-    ``--epochs N``), read without torch."""
-    found = summary(spec.resume)
-    return found is not None and found.finished_for(spec.extended_epochs)
 
 
 class Supervisor:
@@ -153,7 +146,7 @@ class Supervisor:
                 return self._finish(State.FAILED, spec)
             restarts_left -= 1
             spec = self._restart(spec, restarts_left)
-            if spec.resume and _finished(spec):  # e.g. a crash in the end of training's rewrite
+            if spec.resume and trained_all(spec):  # e.g. a crash in the end of training's rewrite
                 self.log.info("the checkpoint shows the run finished all its epochs")
                 self.result.detail = tidy_finished(spec, self.log, cut_short=True)  # what of its end did not happen
                 return self._finish(State.FINISHED, spec)
@@ -295,51 +288,35 @@ class Supervisor:
 
     def _hung(self, end: AttemptEnd, child: Child) -> None:
         """A hang, noticed and its stacks written: record it, say the tree goes."""
-        hb = end.hb
-        self.result.hangs.append(
-            Hang(
-                epoch=hb.epoch if hb else None,
-                batch=hb.batch if hb else None,
-                phase=hb.phase if hb else None,
-                stalled_seconds=end.stalled,
-                stacks=str(end.stacks) if end.stacks else None,
-                detected=end.detected,
-            )
-        )
+        self.result.hangs.append(hang_of(end))
         self.result.lost_seconds += end.stalled
         self._recovering_since = end.at
         self.log.event("kill", f"stopping the training process tree (pid {child.pid})", pid=child.pid)
 
     # the cause, and its remedy --------------------------------------------------------------
     def _diagnose(self, child: Child, spec: RunSpec, end: AttemptEnd, pids: list[int], began: float) -> Failure:
-        """What the failure was (the evidence, its class, the report), and what to do about it (``self.decision``)."""
-        hang, hb = end.state == State.STALLED, end.hb
-        report = spec.paths.hang_stacks(spec.attempt) if hang else spec.paths.crash(spec.attempt)
+        """What the failure was (:mod:`.failed`), and what to do about it (``self.decision``); recorded and said."""
+        hang = end.state == State.STALLED
         self._failed_pids = sorted(set(pids) | {child.pid})
-        found = evidence.gather(
+        found = diagnose_end(
             spec,
-            "hang" if hang else "crash",
-            exit_code=end.exit_code,
-            stderr=end.stderr,
-            stacks=report if hang and report.is_file() else None,
-            kernel_path=self.config.kernel_log,
-            window=(began, time.time()),
+            end,
             pids=set(self._failed_pids),
-            gpus=self.machine.gpus,
+            began=began,
+            ended=time.time(),
+            machine=self.machine,
+            kernel_log=self.config.kernel_log,
+            earlier=self.failures,
         )
-        diagnosis = diagnose(found)
-        where = watch_where(hb)
-        written = evidence.write_report(report, diagnosis, found, where)
-        failure = evidence.failure(spec.attempt, found.failure, diagnosis, hb, end.detected, written)
-        context = evidence.context(spec, self.machine, diagnosis, found)
-        self.decision = remedies.decide(failure, diagnosis, self.failures, context)
-        failure.remedy = self.decision.action
+        failure, diagnosis = found.failure, found.diagnosis
+        details = f"; details in {found.report}" if found.report else ""
+        self.decision = found.decision
         self.result.failures.append(failure)
         if hang and self.result.hangs:
             self.result.hangs[-1].cls, self.result.hangs[-1].signature = diagnosis.cls, diagnosis.signature
         self.reporter.event(
             failure.kind,
-            f"{diagnosis.title} at {where} (attempt {spec.attempt})" + (f"; details in {written}" if written else ""),
+            f"{diagnosis.title} at {found.where} (attempt {spec.attempt}){details}",
             attempt=spec.attempt,
             profile=spec.profile,
             detected=failure.detected,  # its "time" is when it is said: events.jsonl stays in time order
@@ -438,27 +415,12 @@ class Supervisor:
 
     def _interrupted(self, spec: RunSpec) -> RunResult:
         code, name = self.signals.exit_code(), self.signals.name()
-        paths = spec.paths
         self.log.event("interrupted", f"stopped by {name}; the training process tree is gone", signal=name)
-        found = summary(paths.last) if paths.last.exists() else None
-        if found is not None and found.finished_for(spec.extended_epochs):  # the stop came in the end of training
-            return self._stopped_after_training(spec, code)
-        if paths.last.exists() or paths.mid_checkpoints():
-            self.log.info(f"resume with: {resume_command(spec)}")
+        done = after_stop(spec, self.log)  # a stop in the end of training: the run is done
+        if done is not None:
+            self.result.detail = done
+            return self._finish(State.FINISHED, spec, code)
         return self._finish(State.INTERRUPTED, spec, code)
-
-    def _stopped_after_training(self, spec: RunSpec, code: int) -> RunResult:
-        """A stop during the final validation or the final save: every epoch is trained and the weights are final
-        (the final save is atomic), so the run is done; only the final validation did not finish."""
-        paths = spec.paths
-        tidy_finished(spec, self.log)
-        self.result.detail = "the final validation was interrupted"
-        best = paths.best if paths.best.exists() else paths.last
-        self.log.info(
-            f"every epoch was trained and the weights are final ({paths.last}, {paths.best}); the final validation "
-            f"was interrupted: validate with yolo val model={best} data={spec.data}"
-        )
-        return self._finish(State.FINISHED, spec, code)
 
     def _write_state(self, state: State, spec: RunSpec, child_pid: int | None = None) -> None:
         record = self.result

@@ -4,7 +4,8 @@
   short (a stop that outlasted the grace, a SIGKILL) are removed, each said in one line
   (:func:`remove_cut_writes`): only this node's, and only those whose writer is gone.
 - A finished run says what of its end did not happen: a crash or a kill during the end of training leaves
-  ``last.pt`` or ``best.pt`` unstripped, the final validation not run (:func:`tidy_finished`).
+  ``last.pt`` or ``best.pt`` unstripped, the final validation not run (:func:`tidy_finished`); a run stopped by a
+  signal says how it goes on, or that it is done (:func:`after_stop`).
 - On more than one machine, a node that stops for good says so in the run's shared folder, and the others stop
   with its exit code at their next restart (:func:`tell_other_nodes`, :func:`other_node_stopped`).
 """
@@ -120,6 +121,31 @@ def _end_not_done(spec: RunSpec, log: RunLog, cut_short: bool) -> str | None:
         unstripped=kept,
     )
     return f"the final validation {validation}"
+
+
+def trained_all(spec: RunSpec, path=None) -> bool:
+    """Whether the checkpoint ``path`` (the one ``spec`` resumes) belongs to a run that trained all its epochs (all
+    of a resume's ``--epochs N``), read without torch."""
+    found = summary(path or spec.resume)
+    return found is not None and found.finished_for(spec.extended_epochs)
+
+
+def after_stop(spec: RunSpec, log: RunLog) -> str | None:
+    """A stop signal ended the run: say how it goes on. If it came during the final validation or the final save,
+    every epoch is trained and the weights are final (the final save is atomic): the run is done, and this returns
+    what ``status`` says of it (only the final validation did not finish); else None."""
+    paths = spec.paths
+    if paths.last.exists() and trained_all(spec, paths.last):
+        tidy_finished(spec, log)
+        best = paths.best if paths.best.exists() else paths.last
+        log.info(
+            f"every epoch was trained and the weights are final ({paths.last}, {paths.best}); the final validation "
+            f"was interrupted: validate with yolo val model={best} data={spec.data}"
+        )
+        return "the final validation was interrupted"
+    if paths.last.exists() or paths.mid_checkpoints():
+        log.info(f"resume with: {resume_command(spec)}")
+    return None
 
 
 def resume_command(spec: RunSpec) -> str:
