@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from rocm_yolo.errors import UsageError
 from rocm_yolo.process.lifecycle import alive
@@ -123,7 +124,7 @@ def _end_not_done(spec: RunSpec, log: RunLog, cut_short: bool) -> str | None:
     return f"the final validation {validation}"
 
 
-def trained_all(spec: RunSpec, path=None) -> bool:
+def trained_all(spec: RunSpec, path: str | Path | None = None) -> bool:
     """Whether the checkpoint ``path`` (the one ``spec`` resumes) belongs to a run that trained all its epochs (all
     of a resume's ``--epochs N``), read without torch."""
     found = summary(path or spec.resume)
