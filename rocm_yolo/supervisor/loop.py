@@ -146,7 +146,7 @@ class Supervisor:
                 return self._finish(State.FAILED, spec)
             restarts_left -= 1
             spec = self._restart(spec, restarts_left)
-            if spec.resume and trained_all(spec):  # e.g. a crash in the end of training's rewrite
+            if spec.resume and trained_all(spec, spec.resume):  # e.g. a crash in the end of training's rewrite
                 self.log.info("the checkpoint shows the run finished all its epochs")
                 self.result.detail = tidy_finished(spec, self.log, cut_short=True)  # what of its end did not happen
                 return self._finish(State.FINISHED, spec)

@@ -124,10 +124,10 @@ def _end_not_done(spec: RunSpec, log: RunLog, cut_short: bool) -> str | None:
     return f"the final validation {validation}"
 
 
-def trained_all(spec: RunSpec, path: str | Path | None = None) -> bool:
-    """Whether the checkpoint ``path`` (the one ``spec`` resumes) belongs to a run that trained all its epochs (all
-    of a resume's ``--epochs N``), read without torch."""
-    found = summary(path or spec.resume)
+def trained_all(spec: RunSpec, path: str | Path) -> bool:
+    """Whether the checkpoint ``path`` belongs to a run that trained all the epochs of ``spec`` (all of a resume's
+    ``--epochs N``), read without torch."""
+    found = summary(path)
     return found is not None and found.finished_for(spec.extended_epochs)
 
 
