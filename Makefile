@@ -1,4 +1,5 @@
-# rocm-yolo from a fresh clone: `make demo` trains the demo, `make test` runs the tests.
+# rocm-yolo from a fresh clone: `make demo` trains the demo, `make test` runs the quick tier of the tests,
+# `make test-all` all of them (CI), `make check` the linters and the layout and docs tests.
 # Each sets up .venv on its first run (python3 -m venv; the system Python is never touched),
 # installs torch once, chosen for this machine (rocm_yolo/gpu/wheels.py: AMD's wheels for the
 # GPU's architecture, else the package index's default; TORCH_SPEC= and TORCH_INDEX= override
@@ -24,19 +25,27 @@ step = echo "make: $(1)"; ( $(2) ) >$(VENV)/step.log 2>&1; rc=$$?; cat $(VENV)/s
 	[ $$rc = 0 ] || { echo "make: $(1) failed: $$(grep -m 1 -E '^(ERROR|[A-Za-z]*Error)' $(VENV)/step.log \
 	|| grep -v '^\s*$$' $(VENV)/step.log | tail -n 1) (all of it: $(LOG))"; exit 1; }
 
-.PHONY: help demo test torch floorplan
+.PHONY: help demo test test-all check torch floorplan
 .DEFAULT_GOAL := help
 
 help: ## list the targets
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z]+):.*## /  make \1\t/'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/'
 	@$(have_choice)
 	@echo "  (torch for this machine: pip install $(TORCH_ARGS); override with TORCH_SPEC=... TORCH_INDEX=...)"
 
 demo: $(VENV)/.project ## set up (first time), then train the demo: rocm-yolo train demo --epochs 2 --device cpu
 	$(VENV)/bin/rocm-yolo train demo --epochs 2 --device cpu
 
-test: $(VENV)/.project-test ## set up with the test extras (first time), then run the tests: python -m pytest -q
+test: $(VENV)/.project-test ## set up with the test extras (first time), then the quick tier: python -m pytest -q -m quick
+	$(PY) -m pytest -q -m quick
+
+test-all: $(VENV)/.project-test ## every test, the end-to-end and multi-node ones too (CI): python -m pytest -q
 	$(PY) -m pytest -q
+
+check: $(VENV)/.project-test ## ruff, and the layout and docs tests
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest -q -n 0 tests/unit/test_layout.py tests/unit/test_docs.py
 
 torch: $(VENV)/.torch ## only set up .venv and torch
 

@@ -43,10 +43,21 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_modifyitems(items):
-    """Everything under tests/e2e/ trains for real: marked e2e (``-m "not e2e"`` runs the unit tests alone)."""
+    """The tiers (pyproject's markers): everything under tests/e2e/ trains for real and is marked ``e2e``; every
+    other test is ``quick``, as is each end-to-end test marked so itself (one scenario per process role).
+    ``make test`` runs ``-m quick``, ``make test-all`` everything."""
     for item in items:
         if f"{os.sep}e2e{os.sep}" in str(item.path):
             item.add_marker(pytest.mark.e2e)
+        else:
+            item.add_marker(pytest.mark.quick)
+
+
+@pytest.fixture(autouse=True)
+def own_directory(tmp_path, monkeypatch):
+    """Every test runs in a directory of its own: what a user's checkout holds (the demo's ``runs/`` after
+    ``make demo``) is never what a test finds."""
+    monkeypatch.chdir(tmp_path)
 
 
 # A scheduler's variables form a multi-node job with no node flags (rocm_yolo.launch.cluster): inside a SLURM

@@ -4,10 +4,13 @@ It was an internal error (a rocm-yolo bug, exit 123) after a 3 s start of the tr
 
 from __future__ import annotations
 
+import pytest
+
 from helpers import TINY, rocm_lines
 from rocm_yolo import errors
 
 
+@pytest.mark.quick
 def test_a_missing_model_file_is_one_line_and_exit_2_with_nothing_started_or_left(cli, tiny_data, tmp_path):
     args = [a for a in TINY if a not in ("--model", "yolo26n.yaml")]
     r = cli.run("train", str(tiny_data), "--model", "/nope.pt", *args, timeout=60)

@@ -49,6 +49,7 @@ def share(files: list[str], rank: int, epoch: int, batch: int) -> list[list[str]
     return [order[i : i + batch] for i in range(0, len(order), batch)]
 
 
+@pytest.mark.quick
 @pytest.mark.lowerbound
 def test_a_worker_of_rank_1_hangs_and_both_ranks_resume_inside_the_epoch_with_their_own_samples(
     cli, tiny_data, tmp_path

@@ -60,6 +60,7 @@ def test_a_resume_onto_gpus_that_split_the_batch_otherwise_is_refused_and_touche
     assert files_of(run) == before
 
 
+@pytest.mark.quick
 def test_gpus_the_machine_does_not_have_are_refused_before_anything_starts(tiny_data, tmp_path):
     """A machine with two GPUs (the DDP seam's KFD topology, as rocm-yolo reads an AMD machine's): four are refused
     at once, in one line, with no run directory and no rank started (it took 17 to 56 s and a line per rank)."""

@@ -31,6 +31,7 @@ def one_error_line(output: str, code_seen: int, code: int, needle: str) -> str:
     return lines[0]
 
 
+@pytest.mark.quick
 def test_a_data_yaml_whose_path_is_a_file_leaves_no_run_directory(cli, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"path: {bad}\ntrain: images/train\nval: images/val\nnames:\n  0: a\n")

@@ -105,6 +105,7 @@ def test_safe_profile_gives_fresh_workers_every_epoch(cli, tiny_data, tmp_path):
     assert cli.leftovers() == []
 
 
+@pytest.mark.quick
 @pytest.mark.lowerbound
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130)])
 def test_interrupt_stops_everything_then_resume_on_a_safer_profile(cli, tiny_data, tmp_path, sig, code):

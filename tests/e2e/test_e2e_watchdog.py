@@ -126,6 +126,7 @@ def other_processes_failing(kernel: Path):
         writer.join()
 
 
+@pytest.mark.quick
 @pytest.mark.lowerbound
 def test_worker_blocking_forever_mid_run(cli, tiny_data, tmp_path):
     """A worker hang, after a GPU error the trainer handled (its words in stderr) and while other processes' page

@@ -110,7 +110,7 @@ def test_two_cards_get_both_architectures_and_torch_spec_overrides(clone, tmp_pa
 def test_make_help_lists_the_targets_and_the_torch_choice(clone, tmp_path):
     out = make(clone, "help", kfd=kfd_tree(tmp_path / "kfd", 100100))
     assert out.returncode == 0, out.stderr
-    for target in ("make demo", "make test", "make torch", "make help"):
+    for target in ("make demo", "make test", "make test-all", "make check", "make torch", "make help"):
         assert target in out.stdout
     assert "'torch[device-gfx1010]'" in out.stdout
 
@@ -125,7 +125,8 @@ def test_a_second_make_demo_installs_nothing(clone):
         (venv / stamp).touch()
         os.utime(venv / stamp, (later + i, later + i))
     assert make(clone, "-n", "demo").stdout.splitlines() == [".venv/bin/rocm-yolo train demo --epochs 2 --device cpu"]
-    assert make(clone, "-n", "test").stdout.splitlines() == [".venv/bin/python -m pytest -q"]
+    assert make(clone, "-n", "test").stdout.splitlines() == [".venv/bin/python -m pytest -q -m quick"]
+    assert make(clone, "-n", "test-all").stdout.splitlines() == [".venv/bin/python -m pytest -q"]
     source = clone / "rocm_yolo/cli.py"  # a changed source is installed again, torch is not
     os.utime(source, (later + 10, later + 10))
     again = make(clone, "-n", "demo").stdout
@@ -185,13 +186,15 @@ def test_a_bad_choice_of_torch_is_one_line_that_names_it(clone):
     assert "make: choosing torch failed: " in out.stdout and "/nonexistent/python3?" in out.stdout
 
 
-def test_ci_runs_make_test_and_the_readme_shows_what_make_runs():
+def test_ci_runs_make_test_all_and_the_readme_shows_what_make_runs():
     ci = (ROOT / ".ci/run").read_text()
-    assert re.search(r"^make test$", ci, re.M)
+    assert re.search(r"^make test-all$", ci, re.M)
     readme = (ROOT / "README.md").read_text()
     first_screen = "\n".join(readme.splitlines()[:40])
-    assert "make demo" in first_screen and "make test" in first_screen
+    assert "make demo" in first_screen and "make test" in first_screen and "make test-all" in first_screen
     recipes = (ROOT / "Makefile").read_text()
     demo = re.search(r"^demo:.*\n\t\$\(VENV\)/bin/(.+)$", recipes, re.M)[1]
-    test = re.search(r"^test:.*\n\t\$\(PY\) (.+)$", recipes, re.M)[1]
-    assert demo in readme and f"python {test}" in readme
+    assert demo in readme
+    for target in ("test", "test-all"):
+        command = re.search(rf"^{target}:.*\n\t\$\(PY\) (.+)$", recipes, re.M)[1]
+        assert f"python {command}" in readme, target
