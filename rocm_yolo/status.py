@@ -129,10 +129,20 @@ def _collect(paths: RunPaths, now: float) -> dict:
     if sup is not None and sup.running and not alive(sup.supervisor_pid):
         info["state"] = "stopped"  # the supervisor is gone without writing a final state (killed -9?)
     if hb is not None:
+        spec = _spec_of(paths, hb.attempt)
         info.update(
             _heard(hb, HEARD, now),
-            profile=getattr(_spec_of(paths, hb.attempt), "profile", None) or info["profile"],  # the attempt's own
+            profile=getattr(spec, "profile", None) or info["profile"],  # the attempt's own
         )
+        relaid = spec.relayout if spec is not None else None
+        if relaid is not None:
+            info["world"] = {
+                "run": relaid.layout.world,
+                "now": relaid.gpus,
+                "gpu_batch": relaid.gpu_batch,
+                "micro_batches": relaid.serves,
+                "images_a_step": relaid.layout.batch,
+            }
         if info["state"] == State.RUNNING.value and hb.phase != "done" and _stalled(hb, sup, now):
             info["state"] = "stalled?"
         live = info["state"] in LIVE  # a speed and an ETA only while it trains
@@ -210,6 +220,8 @@ def _render(info: dict) -> str:
         lines.append(
             f"heartbeat: {info['heartbeat_age']:.0f} s ago (attempt {info['attempt']}, profile {info['profile']})"
         )
+    if info.get("world"):
+        lines.append(_world_line(info["world"]))
     for r in info.get("ranks") or []:
         lines.append(
             f"rank {r['rank']}:    epoch {r['epoch']}, {r['phase']} batch {r['batch']}/{r['batches']}, "
@@ -223,6 +235,16 @@ def _render(info: dict) -> str:
     for line in info.get("verdict") or []:
         lines.append(f"verdict:   {line.strip()}")
     return "\n".join(lines)
+
+
+def _world_line(world: dict) -> str:
+    """``world:     2 -> 1 GPU: 2 micro-batches of 8 a step on each, 16 images a step (the run's)``."""
+    run, now, gpu, micro = world["run"], world["now"], world["gpu_batch"], world["micro_batches"]
+    gpus = f"{now} GPU{'s' if now > 1 else ''}"
+    if run == now:
+        return f"world:     {gpus}, {gpu} images a step on each"
+    each = f"{micro} micro-batches of {gpu} a step on each" if micro > 1 else f"{gpu} images a step on each"
+    return f"world:     {run} -> {gpus}: {each}, {world['images_a_step']} images a step (the run's)"
 
 
 def _resume_line(found: dict, run_dir: str) -> str:

@@ -13,7 +13,8 @@ that comparison, so no attribute can stand in for them. Two narrow points do:
   and running-loss arithmetic then continue at batch ``start``. ``_do_train`` calls
   ``enumerate(self.train_loader)`` twice per epoch (one result is discarded unstarted; the
   loader's ``__iter__`` is a generator, so that costs nothing), so the offset stays armed
-  until :func:`disarm`, at the first batch.
+  until :func:`disarm`, at the first batch. A loader :func:`group` names yields its steps as
+  :class:`MicroBatches` (a GPU that stands in for several of the run's ranks trains one for each).
 - **other locals**: :func:`loop_frame` finds the running ``_do_train`` frame by walking up
   from a callback; :func:`set_local` writes one of its locals (``frame.f_locals`` is a
   write-through proxy from Python 3.13 on; before that the snapshot is written back with
@@ -35,13 +36,39 @@ from rocm_yolo.ultralytics_rules.train_loop import LOOP_FUNCTION, LOOP_LOCALS
 
 _swaps = Swaps()  # ultralytics.engine.trainer's global enumerate
 _armed: tuple | None = None  # (loader, start, count)
+_grouped: tuple | None = None  # (loader, micro-batches a step)
+
+
+class MicroBatches(dict):
+    """One step of a GPU that trains several micro-batches a step: as a dict, the first (the batch the loop sees:
+    its loss, its log line), and ``rest``, the others, which the model's forward trains before it
+    (:class:`rocm_yolo.trainer.checkpointing.relayout.Relaid`)."""
+
+    def __init__(self, parts: list):
+        super().__init__(parts[0])
+        self.rest = parts[1:]
+
+    def files(self) -> list:
+        """The image files of every micro-batch of the step."""
+        return [f for part in (self, *self.rest) for f in part.get("im_file", ())]
+
+
+def _steps(loader, size: int):
+    """``loader``'s epoch (``len(loader)`` steps) as :class:`MicroBatches` of ``size`` consecutive batches: the
+    loader's own epochs, ``size`` of them, drawn from one iterator (Ultralytics' ``InfiniteDataLoader``)."""
+    batches = itertools.chain.from_iterable(iter(loader) for _ in range(size))
+    for _ in range(len(loader)):
+        yield MicroBatches([next(batches) for _ in range(size)])
 
 
 def _enumerate(iterable, start=0):
-    armed = _armed
+    armed, grouped = _armed, _grouped
+    source = iterable
+    if grouped is not None and iterable is grouped[0] and start == 0:
+        source = _steps(iterable, grouped[1])
     if armed is not None and iterable is armed[0] and start == 0:
-        return builtins.enumerate(itertools.islice(iterable, armed[2]), start=armed[1])
-    return builtins.enumerate(iterable, start)
+        return builtins.enumerate(itertools.islice(source, armed[2]), start=armed[1])
+    return builtins.enumerate(source, start)
 
 
 def install() -> None:
@@ -51,9 +78,9 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    global _armed
+    global _armed, _grouped
     _swaps.restore()
-    _armed = None
+    _armed = _grouped = None
 
 
 def installed() -> bool:
@@ -64,6 +91,13 @@ def arm(loader, start: int, count: int) -> None:
     """The next ``enumerate(loader)`` calls in the trainer module yield ``count`` batches numbered from ``start``."""
     global _armed
     _armed = (loader, start, count)
+
+
+def group(loader, size: int) -> None:
+    """Every ``enumerate(loader)`` in the trainer module yields steps of ``size`` batches (:class:`MicroBatches`);
+    ``size`` 1 (or no loader): batches, as the loader gives them."""
+    global _grouped
+    _grouped = (loader, size) if loader is not None and size > 1 else None
 
 
 def disarm() -> None:

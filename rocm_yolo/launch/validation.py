@@ -245,6 +245,7 @@ def _finish(
     attempt: int = 1,
     saved: dict | None = None,
     nodes: Nodes | None = None,
+    layout: devices.Layout | None = None,
 ) -> RunSpec:
     """The spec: the profile resolved with the request's workers and loader settings, the flags as train args
     (``saved``: a resumed run's own train arguments, which the resume keeps unless the request gives others)."""
@@ -257,7 +258,22 @@ def _finish(
         batch, source = train_args.get("batch"), "given"
     else:
         batch, source = (saved or {}).get("batch"), ("run" if resume is not None else "default")
-    check_devices(train_args.get("device"), batch, source, nodes)
+    if source == "run" and layout is not None:  # the run keeps its images a step on the GPUs it has now
+        now = devices.world_size(train_args, nodes)
+        relaid = devices.relayout(layout, now, _gpus_named(train_args.get("device"), nodes))
+        check_devices(train_args.get("device"), None, source, nodes)
+        if relaid.changed:
+            req.notes.append(relaid.describe())
+    else:
+        check_devices(train_args.get("device"), batch, source, nodes)
+        given = batch if batch is not None or resume is not None else ucfg.default("batch")
+        new = devices.Layout.of(given, devices.world_size(train_args, nodes))
+        if layout is not None and new is not None and new != layout:
+            req.notes.append(
+                f"a new global batch: {layout.batch} -> {new.batch} images a step; the epoch in progress goes on "
+                "with the images it has left"
+            )
+        layout = new
     effective = {**(saved or {}), **train_args}  # what Ultralytics trains with (a resume: the run's, changed)
     if ram_cache.wants_ram(effective) and task is not None:
         imgsz = int(effective.get("imgsz") or ucfg.default("imgsz"))
@@ -282,7 +298,24 @@ def _finish(
         workers_requested=resolved.requested_workers,
         notes=tuple(list(resolved.warnings) + req.notes),
         nodes=nodes,
+        layout=layout.to_dict() if layout is not None else None,
     )
+
+
+def _gpus_named(device: object, nodes: Nodes | None) -> str:
+    """How the user named this attempt's GPUs, for a message."""
+    shown = f"--device {device}" if device not in (None, "") else "no --device"
+    return shown + (f" on each of {nodes.count} nodes" if nodes is not None and nodes.count > 1 else "")
+
+
+def run_layout(previous: RunSpec | None, saved: dict) -> devices.Layout | None:
+    """A resumed run's :class:`~rocm_yolo.run.devices.Layout`: its newest spec's, else the one its checkpoint's
+    ``batch`` made on the GPUs it trained on (the spec's, else the checkpoint's ``device``)."""
+    if previous is not None and previous.run_layout is not None:
+        return previous.run_layout
+    args = previous.train_args if previous is not None and previous.train_args.get("device") else saved
+    gpus = devices.world_size(args, previous.nodes if previous is not None else None)
+    return devices.Layout.of(saved.get("batch"), gpus)
 
 
 def _new_run(req: CheckedRequest, model: str, task: str, run_dir: Path, nodes: Nodes | None = None) -> RunSpec:
@@ -360,4 +393,5 @@ def _resumed_run(req: CheckedRequest, resume: str | bool, project_dir: Path, nod
         attempt=next_attempt(run_dir, nodes.node if nodes is not None else None),
         saved=saved,
         nodes=nodes,
+        layout=run_layout(previous, saved),
     )

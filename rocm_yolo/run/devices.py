@@ -6,14 +6,19 @@ Ultralytics does; each rank is a training child of its own (:mod:`rocm_yolo.ddp.
 knows itself by the variables torch's launcher sets (:data:`rocm_yolo.environment.RANK` and its
 neighbours). On more than one machine each node does the same (:mod:`.nodes`: the nodes and their
 round).
+
+A run keeps the :class:`Layout` it started with (its GPUs and each one's share of the batch); an attempt on another
+number of GPUs trains it as a :class:`Relayout`: the same images each step, no GPU's batch grown.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
 from rocm_yolo import environment
+from rocm_yolo.errors import UsageError
 
 if TYPE_CHECKING:
     from rocm_yolo.run.nodes import Nodes
@@ -106,3 +111,132 @@ def check_batch(batch: object, ids: list[str], source: str = "given", nodes: int
             fix = f"resume on {' or '.join(map(str, fits)) if fits else 'one'} GPU(s), or give --batch {n * 8}"
         return f"{what} does not divide by the {n} GPUs of {gpus} (each rank trains batch/{n} images): {fix}"
     return None
+
+
+# --------------------------------------------------------------------------- the run's batch over its GPUs
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a run lays each step's images over GPUs: ``world`` ranks of ``rank_batch`` images each.
+
+    It is fixed when the run starts (the GPUs it had, Ultralytics' global ``batch`` split among them) and kept by
+    every later attempt, whatever GPUs that one gets: the sample order of each epoch, the images of each step and
+    Ultralytics' counters (``nb``, ``ni``, warm-up, ``accumulate``) are those of this layout (:class:`Relayout`).
+    """
+
+    world: int
+    rank_batch: int
+
+    @property
+    def batch(self) -> int:
+        """Ultralytics' (global) ``batch``: the images of one step over every rank."""
+        return self.world * self.rank_batch
+
+    def to_dict(self) -> dict:
+        return {"world": self.world, "rank_batch": self.rank_batch}
+
+    @classmethod
+    def from_dict(cls, d: object) -> "Layout | None":
+        if not isinstance(d, Mapping):
+            return None
+        try:
+            world, rank_batch = int(d["world"]), int(d["rank_batch"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return cls(world, rank_batch) if world >= 1 and rank_batch >= 1 else None
+
+    @classmethod
+    def of(cls, batch: object, world: int) -> "Layout | None":
+        """The layout of a run of ``world`` GPUs and Ultralytics' ``batch`` (None: AutoBatch, a fraction, unknown)."""
+        if isinstance(batch, float) and batch.is_integer():
+            batch = int(batch)
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < world or world < 1 or batch % world:
+            return None
+        return cls(world, batch // world)
+
+
+@dataclass(frozen=True)
+class Relayout:
+    """A run's :class:`Layout` trained on ``gpus`` GPUs now, with each step's images kept.
+
+    - the same number: nothing changes;
+    - fewer, ``gpus`` dividing ``world``: each GPU serves ``serves`` of the layout's ranks in turn, a micro-batch of
+      ``rank_batch`` images each (its batch never grows), its gradients accumulated before the step: every
+      micro-batch, and so every BatchNorm batch, is the one the layout's rank had (Horovod's advice);
+    - more, a multiple of ``world`` with ``rank_batch`` dividing by ``parts = gpus // world``: each of the layout's
+      ranks is split over ``parts`` GPUs of ``rank_batch // parts`` images.
+    """
+
+    layout: Layout
+    gpus: int
+
+    @property
+    def serves(self) -> int:
+        return self.layout.world // self.gpus if self.gpus < self.layout.world else 1
+
+    @property
+    def parts(self) -> int:
+        return self.gpus // self.layout.world if self.gpus > self.layout.world else 1
+
+    @property
+    def gpu_batch(self) -> int:
+        """The images of one micro-batch on one GPU."""
+        return self.layout.rank_batch // self.parts
+
+    @property
+    def changed(self) -> bool:
+        return self.gpus != self.layout.world
+
+    @property
+    def train_batch(self) -> int:
+        """Ultralytics' ``batch`` for this attempt: its per-rank share (``batch // world_size``) is ``gpu_batch``."""
+        return self.gpus * self.gpu_batch
+
+    def ranks_of(self, gpu: int) -> tuple[int, ...]:
+        """The layout's ranks GPU ``gpu`` (its rank now) serves: the one it stands in for first."""
+        if self.gpus <= self.layout.world:
+            return tuple(range(gpu, self.layout.world, self.gpus))
+        return (gpu // self.parts,)
+
+    def describe(self) -> str:
+        w, n = self.layout.world, self.gpus
+        if not self.changed:
+            return f"{n} GPU{'s' if n > 1 else ''}, {self.gpu_batch} images each a step"
+        how = (
+            f"{self.serves} micro-batches of {self.gpu_batch} images a step on each GPU, one for each rank of the run "
+            "it stands in for"
+            if self.serves > 1
+            else f"each rank's {self.layout.rank_batch} images a step split over {self.parts} GPUs, "
+            f"{self.gpu_batch} on each"
+        )
+        return f"world {w} -> {n} GPU{'s' if n > 1 else ''}: {how} ({self.layout.batch} images a step, as before)"
+
+
+def fits(layout: Layout, gpus: int) -> bool:
+    """Whether ``layout`` can train on ``gpus`` GPUs with each step's images kept and no GPU's batch grown."""
+    if gpus < 1:
+        return False
+    if gpus <= layout.world:
+        return layout.world % gpus == 0
+    return gpus % layout.world == 0 and layout.rank_batch % (gpus // layout.world) == 0
+
+
+def gpu_counts_that_fit(layout: Layout, most: int = 64) -> list[int]:
+    """The numbers of GPUs (up to ``most``) ``layout`` trains on with each step's images kept."""
+    return [n for n in range(1, most + 1) if fits(layout, n)]
+
+
+def relayout(layout: Layout, gpus: int, where: str = "") -> Relayout:
+    """``layout`` on ``gpus`` GPUs; :class:`UsageError` in one line when no GPU count of that kind can keep each
+    step's images (``where``: how the user named the GPUs, for the message)."""
+    if fits(layout, gpus):
+        return Relayout(layout, gpus)
+    counts = gpu_counts_that_fit(layout, max(2 * gpus, 2 * layout.world, 8))
+    shown = ", ".join(map(str, counts[:-1])) + f" or {counts[-1]}" if len(counts) > 1 else str(counts[0])
+    on = f"on {layout.world} GPUs ({layout.rank_batch} each)" if layout.world > 1 else "on one GPU"
+    raise UsageError(
+        f"{where or f'{gpus} GPUs'}: the run trains {layout.batch} images a step {on}, which {gpus} GPUs cannot "
+        f"share out exactly without a GPU taking more: resume on {shown} GPUs, or give batch=N to start a new "
+        "global batch on purpose (the position in the epoch is kept)"
+    )

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from rocm_yolo.errors import UsageError
+from rocm_yolo.run.devices import Layout
 
 DEFAULT_CHECKPOINT_INTERVAL = "10m"
 _INTERVAL = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|ba)$")
@@ -53,6 +54,7 @@ class MidEpochState:
     skip: int  # indices of that order already trained
     buffer: list | None = None  # the in-process dataset's mosaic buffer (profile single)
     requested: Mapping = field(default_factory=dict)  # batch/imgsz as the run asked for them
+    layout: Mapping = field(default_factory=dict)  # the run's ranks and their batch (run.devices.Layout.to_dict)
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("sampler_state", "skip")}
@@ -73,7 +75,7 @@ class MidEpochState:
         if not isinstance(sampler, Mapping) or "skip" not in sampler:
             raise FormatError("its sample order is missing")
         names = {f.name for f in fields(cls)} - {"sampler_state", "skip"}
-        missing = sorted(n for n in names if n not in d and n not in ("buffer", "requested"))
+        missing = sorted(n for n in names if n not in d and n not in ("buffer", "requested", "layout"))
         if missing:
             raise FormatError(f"it lacks {', '.join(missing)}")
         values = {n: d[n] for n in names if n in d}
@@ -84,6 +86,18 @@ class MidEpochState:
         """The record of checkpoint dict ``ckpt``; None for an end-of-epoch checkpoint. Raises :class:`FormatError`."""
         raw = (ckpt or {}).get(MID_EPOCH_KEY)
         return None if raw is None else cls.from_dict(raw)
+
+    def layout_of(self, train_args: Mapping) -> Layout:
+        """The layout the position counts in: the record's own, else (a record written before it held one) the
+        ranks its checkpoint's ``train_args`` batch made of ``batch_size`` each (several: DDP's ``{"epoch": E}``)."""
+        found = Layout.from_dict(self.layout)
+        if found is not None:
+            return found
+        if not isinstance(self.sampler_state, Mapping):
+            return Layout(1, self.batch_size)
+        batch = train_args.get("batch")
+        world = batch // self.batch_size if isinstance(batch, int) and batch >= self.batch_size else 1
+        return Layout(max(world, 1), self.batch_size)
 
     def describe(self, epochs: object) -> str:
         return f"epoch {self.epoch + 1}/{epochs}, batch {self.batch:,}/{self.batches:,}"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run.atomic import write_atomic
+from rocm_yolo.run.devices import Layout, Relayout, world_size
 from rocm_yolo.run.midepoch import DEFAULT_CHECKPOINT_INTERVAL
 from rocm_yolo.run.nodes import Nodes
 from rocm_yolo.run.paths import RunPaths
@@ -40,6 +41,18 @@ class RunSpec:
     notes: tuple[str, ...] = ()  # lines for the header (e.g. warnings from resolving the profile)
     created: bool = False  # this run created its directory (clean-up after a usage error touches only such a one)
     nodes: Nodes | None = None  # on more than one machine: the nodes, this one's id, the rendezvous and its round
+    layout: dict | None = None  # the run's ranks and each one's batch (run.devices.Layout), kept by every attempt
+
+    @property
+    def run_layout(self) -> Layout | None:
+        """The run's :class:`~rocm_yolo.run.devices.Layout`, when known (not before AutoBatch chose a batch)."""
+        return Layout.from_dict(self.layout)
+
+    @property
+    def relayout(self) -> Relayout | None:
+        """The run's layout on this attempt's GPUs (every node's), when the run's layout is known."""
+        layout = self.run_layout
+        return Relayout(layout, world_size(self.train_args, self.nodes)) if layout is not None else None
 
     @property
     def node(self) -> int | None:

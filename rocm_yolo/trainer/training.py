@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import time
 
+from rocm_yolo import environment
 from rocm_yolo.errors import CHILD_FINISHED, OK
 from rocm_yolo.run import devices, hooks
+from rocm_yolo.run.devices import Relayout, relayout
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.midepoch import MID_EPOCH_KEY, parse_interval
 from rocm_yolo.run.spec import RunSpec
@@ -25,6 +28,7 @@ def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
     from rocm_yolo.trainer.callbacks.heartbeat_writer import HeartbeatWriter
     from rocm_yolo.trainer.callbacks.trackers import Trackers
     from rocm_yolo.trainer.callbacks.trainer_settings import TrainerSettings
+    from rocm_yolo.trainer.checkpointing.relayout import Relaid
     from rocm_yolo.trainer.checkpointing.restore import MidEpochResume
     from rocm_yolo.trainer.checkpointing.sample_order import TrainOrder
     from rocm_yolo.trainer.checkpointing.save import MidEpochSave
@@ -44,7 +48,8 @@ def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
     )
     settings = TrainerSettings(spec, log, arg_presets=env.args)
     testing = hooks.trainer_callbacks(paths, spec.attempt)  # [] unless a test asked for faults or a recording
-    order = TrainOrder(log)
+    relaid = relayout_here(spec)
+    order = TrainOrder(log, relaid, gpu=rank)
     requested = {k: spec.train_args[k] for k in ("batch", "imgsz") if k in spec.train_args}
     save = MidEpochSave(paths, log, parse_interval(spec.checkpoint_every), order, requested=requested)
     good_copy = GoodCopy(log, on_verified=(save.verified,) if rank == 0 else ())
@@ -56,7 +61,18 @@ def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
     writers = [save] if rank == 0 else []  # the other ranks resume from rank 0's checkpoints, and write none
     trackers = [Trackers(spec, log)] if rank == 0 else []  # Ultralytics' tracker callbacks run in rank 0 only
     ready = ServerReady(spec.run_dir)  # before the heartbeat says "first batch": the server's imports are start-up
-    return [settings, good_copy, ready, heartbeat, *testing, *writers, mid_resume, *trackers], settings
+    # on other GPUs than the run's: after the mid-epoch resume, which installs the order laid over the run's ranks
+    laid = [Relaid(relaid, order, log)] if relaid is not None and relaid.changed else []
+    return [settings, good_copy, ready, heartbeat, *testing, *writers, mid_resume, *laid, *trackers], settings
+
+
+def relayout_here(spec: RunSpec) -> Relayout | None:
+    """The run's layout on the GPUs this attempt has now (torch's ``WORLD_SIZE`` in a rank), when it is known."""
+    layout = spec.run_layout
+    if layout is None:
+        return None
+    gpus = int(os.environ.get(environment.WORLD_SIZE, "1")) if devices.rank() is not None else 1
+    return relayout(layout, gpus, f"{gpus} GPU{'s' if gpus > 1 else ''} now")
 
 
 def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
@@ -85,6 +101,9 @@ def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
         if spec.resume:
             spec, model = checked_resume(spec, model, log, YOLO)
         args = train_args.train_args(spec, env.args, log, model.ckpt)
+        relaid = relayout_here(spec)
+        if relaid is not None and relaid.changed:
+            args["batch"] = relaid.train_batch  # Ultralytics' per-rank share is the GPU's micro-batch
         if model.ckpt:
             model.ckpt.pop(MID_EPOCH_KEY, None)  # the trainer loads its own copy; do not hold this one all run
         register(model, owners)

@@ -49,14 +49,14 @@ def finished(tmp_path_factory, tiny_data):
     cli.kill_all()
 
 
-def test_a_resume_onto_gpus_that_split_the_batch_otherwise_is_refused_and_touches_nothing(finished, tmp_path):
-    """The run trained batch=4 on the CPU: on 3 GPUs each rank would train 4 // 3 = 1 image, a global batch of 3."""
+def test_a_resume_onto_gpus_that_cannot_share_out_the_runs_steps_is_refused_and_touches_nothing(finished, tmp_path):
+    """The run trained batch=4 on one device: 3 GPUs cannot share each step's 4 images out exactly (issue 41)."""
     _, run = finished
     before = files_of(run)
     r = Cli(tmp_path).run("train", "--resume", str(run), "--epochs", "2", "--device", "0,1,2", timeout=60)
     line = one_line(r, errors.USAGE)
-    assert "the run's batch 4 does not divide by the 3 GPUs of --device 0,1,2" in line
-    assert "resume on 2 or 4 GPU(s), or give --batch" in line
+    assert "--device 0,1,2: the run trains 4 images a step on one GPU, which 3 GPUs cannot share out" in line
+    assert "resume on 1, 2 or 4 GPUs, or give batch=N to start a new global batch on purpose" in line
     assert files_of(run) == before
 
 

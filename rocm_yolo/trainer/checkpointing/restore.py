@@ -21,6 +21,7 @@ from typing import Callable
 from rocm_yolo.errors import UsageError
 from rocm_yolo.patches.saves import trainloop
 from rocm_yolo.run import checkpoints, devices
+from rocm_yolo.run.devices import Layout
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.midepoch import FormatError, MidEpochState
 from rocm_yolo.run.spec import RunSpec
@@ -67,9 +68,11 @@ class MidEpochResume:
         self.on_resumed = on_resumed
         self.supported = supported  # whether this Ultralytics has every internal it needs (ultralytics_rules.compat)
         self.state: MidEpochState | None = None  # the position of the checkpoint this process continues
+        self.saved_layout: Layout | None = None  # the layout its position counts in
         self.name = ""
         self.loader = None  # the train loader the position was checked against
         self.continuing: MidEpochState | None = None  # between the resumed epoch's start and its first batch
+        self.rest: int | None = None  # under a new global batch: the steps of the epoch's rest, laid anew
 
     def on_pretrain_routine_start(self, trainer) -> None:
         if not self.supported():  # compat.check() has said so at start-up
@@ -99,13 +102,22 @@ class MidEpochResume:
         if metrics and trainer.metrics is not None:
             trainer.metrics.update(metrics)
         self.state = dataclasses.replace(state, model={})  # the weights are in the model now
+        self.saved_layout = state.layout_of(ckpt.get("train_args") or {})
         self.name = Path(str(trainer.args.resume)).name
 
     def on_pretrain_routine_end(self, trainer) -> None:
         loader = trainer.train_loader
-        if not self.order.follow(loader) or self.state is None:
+        self.order.seed = int(getattr(trainer.args, "seed", 0) or 0)
+        state, relaid = self.state, self.order.relaid
+        new_batch = state is not None and relaid is not None and self.saved_layout != relaid.layout
+        if new_batch:
+            self.order.lay_anew(relaid)  # the epoch's rest laid over the new global batch
+        if not self.order.follow(loader) or state is None:
             return
-        state = self.state
+        restore = (lambda: set_rng_states(state.rng)) if not devices.rank() else None
+        if new_batch:
+            self._continue_rest(loader, state, restore)
+            return
         found = (len(loader), len(loader.dataset), sample_order.batch_size(loader))
         saved = (state.batches, state.samples, state.batch_size)
         # one GPU draws each pass from a generator, several from DistributedSampler's epoch: no replay across
@@ -124,10 +136,34 @@ class MidEpochResume:
             return
         self.loader = loader
         # the RNG states are rank 0's: the other ranks of a multi-GPU run keep their own seeds
-        restore = (lambda: set_rng_states(state.rng)) if not devices.rank() else None
         self.order.sampler.resume_next_pass(state.sampler_state, state.skip, on_start=restore)
         if state.buffer and loads_in_process(loader):
             refill_buffer(loader.dataset, state.buffer)
+
+    def _continue_rest(self, loader, state: MidEpochState, restore) -> None:
+        """A new global batch on purpose: the images the epoch has left (after the checkpoint's steps of the old
+        layout) are the rest of it, in batches of the new one."""
+        old, new = self.saved_layout, self.order.relaid.layout
+        if len(loader.dataset) != state.samples:
+            self.log.event(
+                "resume_position",
+                f"the data set changed ({state.samples} -> {len(loader.dataset)} images): training epoch "
+                f"{state.epoch + 1} from its first batch",
+            )
+            self.state = None
+            return
+        self.loader = loader
+        self.rest = self.order.sampler.resume_rest(state.sampler_state, old, state.batch, on_start=restore)
+        self.log.event(
+            "resume_rest",
+            f"a new global batch ({old.batch} -> {new.batch} images a step): the "
+            f"{state.samples - min(old.batch * state.batch, state.samples)} images epoch {state.epoch + 1} has left, "
+            f"in {self.rest} steps of the new batch",
+            batch_from=old.batch,
+            batch_to=new.batch,
+            done=state.batch,  # the steps of the old batch the checkpoint had done
+            steps=self.rest,
+        )
 
     def on_train_epoch_start(self, trainer) -> None:
         state, self.state = self.state, None
@@ -140,8 +176,13 @@ class MidEpochResume:
                 f"{state.epoch + 1}: training it from its first batch",
             )
             return
+        b, nb, last_opt_step = state.batch, state.batches, state.last_opt_step
+        if self.rest is not None:  # the rest in the new batch's steps, ending where its epoch ends; what the
+            nb = len(trainer.train_loader)  # gradients hold stays as many steps short of an optimizer step
+            b = max(nb - self.rest, 0)
+            last_opt_step = b + nb * state.epoch - 1 - (state.ni - state.last_opt_step)
         try:
-            trainloop.set_local(trainloop.loop_frame(trainer), "last_opt_step", state.last_opt_step)
+            trainloop.set_local(trainloop.loop_frame(trainer), "last_opt_step", last_opt_step)
         except Exception as e:  # noqa: BLE001 - a changed loop: retrain the epoch's first batches instead
             self.order.off(
                 f"cannot continue the training loop inside the epoch ({type(e).__name__}: {e}); "
@@ -151,19 +192,20 @@ class MidEpochResume:
         params = dict(unwrap(trainer.model).named_parameters())
         for name, grad in state.grads.items():
             params[name].grad = grad.to(params[name].device)
-        b, nb = state.batch, state.batches
         trainloop.arm(trainer.train_loader, b, nb - b)
-        self.continuing = state
+        self.continuing = dataclasses.replace(state, batch=b, batches=nb)
         for listener in self.on_resumed:
             listener(b)
         self.log.event(
             "resumed",
-            f"resumed at {state.describe(trainer.epochs)} from {self.name}; continuing with batch {b + 1:,}",
+            f"resumed at {state.describe(trainer.epochs)} from {self.name}; continuing with batch {b + 1:,}"
+            + (f" of {nb:,}" if self.rest is not None else ""),
             epoch=state.epoch + 1,
             batch=b,
             batches=nb,
             checkpoint=self.name,
         )
+        self.rest = None
 
     def on_train_batch_start(self, trainer) -> None:
         if self.continuing is None:
@@ -186,7 +228,9 @@ class MidEpochResume:
 def checked_resume(spec: RunSpec, model, log: RunLog, load) -> tuple[RunSpec, object]:
     """Check that the mid-epoch checkpoint ``spec`` resumes can continue inside its epoch here; if not (another
     batch or imgsz, or an Ultralytics without the internals it needs), resume from the end of the last epoch."""
-    given = {k: spec.train_args[k] for k in ("batch", "imgsz") if k in spec.user_keys and k in spec.train_args}
+    # a new batch given with the run's layout known keeps the position: the epoch's rest is laid over it
+    keys = ("imgsz",) if spec.run_layout is not None else ("batch", "imgsz")
+    given = {k: spec.train_args[k] for k in keys if k in spec.user_keys and k in spec.train_args}
     try:
         state = MidEpochState.of(model.ckpt)
         why = state.mismatch((model.ckpt or {}).get("train_args") or {}, given) if state is not None else None

@@ -19,6 +19,10 @@ of an order drawn from the seed and the sampler's ``epoch`` (``set_epoch``), so 
 ``epoch`` value at the start of the pass fixes it. Every rank replays its own share from
 the value rank 0 saved, and skips the indices of the batches it has done.
 
+On another number of GPUs than the run's own (a :class:`~rocm_yolo.run.devices.Relayout`), the train loader's
+``BatchSampler`` itself is replaced (:class:`~rocm_yolo.trainer.checkpointing.relayout.RelaidBatches`), which
+offers the same interface.
+
 Which pass an epoch trains is the caller's business (:class:`PassTracker`): DataLoader
 workers prefetch, so the iterator may start the next pass before the epoch ends, and a new
 iterator (the first epoch, ``reset()`` when mosaic closes, fresh workers under ``safe``)
@@ -29,12 +33,16 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from rocm_yolo.patches.saves import trainloop
+from rocm_yolo.run.devices import Relayout
 from rocm_yolo.run.events import RunLog
+
+if TYPE_CHECKING:
+    from rocm_yolo.trainer.checkpointing.relayout import RelaidBatches
 
 
 class PassSampler:
@@ -147,12 +155,21 @@ class TrainOrder:
     of the process, and says why once.
     """
 
-    def __init__(self, log: RunLog):
+    def __init__(self, log: RunLog, relaid: Relayout | None = None, gpu: int = 0):
         self.log = log
         self.supported = True  # this Ultralytics can be continued inside an epoch (ultralytics_rules.compat)
         self.loader = None
-        self.sampler: PassSampler | None = None
+        self.sampler: PassSampler | RelaidBatches | None = None
         self.tracker: PassTracker | None = None
+        self.relaid = relaid  # the run's layout on this attempt's GPUs (None: the run's layout is not known)
+        self.lay_out = relaid is not None and relaid.changed  # the order laid over the run's ranks: RelaidBatches
+        self.gpu = gpu  # this process's rank (0 on one GPU)
+        self.seed = 0  # Ultralytics' seed of the run (trainer.args.seed): DistributedSampler's
+
+    def lay_anew(self, relaid: Relayout) -> None:
+        """Lay the order out with :class:`RelaidBatches` from the next :meth:`follow` on (an epoch continued under a
+        new global batch needs it, on the run's own GPUs too)."""
+        self.relaid, self.lay_out = relaid, True
 
     def off(self, why: str | None) -> None:
         """Mid-epoch checkpoints are off in this process; ``why`` is said once (None: already said elsewhere)."""
@@ -166,11 +183,17 @@ class TrainOrder:
         """Record ``loader``'s sample order (again when Ultralytics rebuilt it); False when the feature is off."""
         if self.supported and loader is not self.loader:
             self.loader = loader
-            self.sampler = install(loader)
+            if self.lay_out:
+                from rocm_yolo.trainer.checkpointing import relayout
+
+                self.sampler = relayout.install(loader, self.relaid, self.gpu, self.seed)
+            else:
+                self.sampler = install(loader)
             self.tracker = PassTracker(self.sampler) if self.sampler is not None else None
             if self.sampler is None:
                 self.off(
-                    "the train loader is not Ultralytics' InfiniteDataLoader(BatchSampler(sampler)) before its "
-                    "first batch, so its sample order cannot be replayed"
+                    "the train loader is not Ultralytics' shuffled InfiniteDataLoader(BatchSampler(sampler)) before "
+                    "its first batch, so its sample order cannot be replayed"
+                    + (" nor laid over the run's ranks" if self.lay_out else "")
                 )
         return self.supported

@@ -32,6 +32,7 @@ from rocm_yolo.patches.saves import trainloop
 from rocm_yolo.process.lifecycle import uninterrupted
 from rocm_yolo.run import checkpoints, hooks
 from rocm_yolo.run.atomic import remove_temporaries, write_atomic
+from rocm_yolo.run.devices import Layout
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.midepoch import MID_EPOCH_KEY, CheckpointInterval, MidEpochState
 from rocm_yolo.trainer.checkpointing import sample_order
@@ -247,8 +248,13 @@ class MidEpochSave:
             rng=rng_states(),
             sampler_state=order,
             skip=b * bs,
+            layout=self._layout(trainer, bs).to_dict(),
             buffer=list(getattr(dataset, "buffer", []) or []) if loads_in_process(loader) else None,
         )
+
+    def _layout(self, trainer, rank_batch: int) -> Layout:
+        """The layout the position counts in: the run's, else this attempt's own ranks."""
+        return self.order.relaid.layout if self.order.relaid else Layout(max(trainer.world_size, 1), rank_batch)
 
     def _snapshot(self, trainer, state: MidEpochState) -> dict:
         """Everything the checkpoint holds, copied to host memory now (the training thread's only stall)."""
