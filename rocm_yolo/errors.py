@@ -45,6 +45,7 @@ TERMINATED = 143  # SIGTERM
 # Between the supervisor and its child only:
 CHILD_FINISHED = 3  # the checkpoint to resume belongs to a run that has already finished
 NODES_MISSING = 6  # more than one machine: a node did not come to the rendezvous in time; the run ends (1)
+REGROUP = 7  # more than one machine: a node waits in a later round; this node's ranks stopped to meet it there
 
 HELP = (
     "exit codes: 0 done; 1 failed after retries or a training error; 2 usage error; "

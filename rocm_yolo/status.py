@@ -23,6 +23,7 @@ from rocm_yolo.errors import UsageError
 from rocm_yolo.launch.resume_target import resume_point
 from rocm_yolo.process.lifecycle import alive
 from rocm_yolo.run import heartbeat
+from rocm_yolo.run.devices import Relayout, fits
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.nodes import read_round
 from rocm_yolo.run.paths import STATE_DIRNAME, RunPaths
@@ -135,6 +136,8 @@ def _collect(paths: RunPaths, now: float) -> dict:
             profile=getattr(spec, "profile", None) or info["profile"],  # the attempt's own
         )
         relaid = spec.relayout if spec is not None else None
+        if relaid is not None and hb.world > 1 and hb.world != relaid.gpus:  # the GPUs the nodes that met have
+            relaid = Relayout(relaid.layout, hb.world) if fits(relaid.layout, hb.world) else relaid
         if relaid is not None:
             info["world"] = {
                 "run": relaid.layout.world,

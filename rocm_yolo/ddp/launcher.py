@@ -149,6 +149,8 @@ def launch(spec: RunSpec, spec_path: str, log: RunLog) -> int:
         return 128 + stopped
     if rdzv is not None and rdzv.halted is not None:  # another node stopped for good: its supervisor says so
         return errors.NODES_MISSING
+    if rdzv is not None and rdzv.regroup is not None:  # a node waits in a later round: meet it there
+        return errors.REGROUP
     if rdzv is not None and rdzv.missed(code, relay.heard):
         return rdzv.give_up()
     return outcome(code, relay.exits, ranks)

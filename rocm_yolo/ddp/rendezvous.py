@@ -13,7 +13,8 @@ Each node's launcher starts its node's agent, as ``torchrun`` would be started o
 - ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: the ranks make their own store, not the rendezvous'
   one. With the shared store, restarts after a re-rendezvous hung or failed in 3 of 4 trials here
   (pytorch#135712).
-- **The wait** is bounded by ``--rdzv-timeout``. While no rank of this node runs, the launcher
+- **The wait** is bounded by ``--rdzv-timeout`` (``--nnodes MIN:MAX``: up to that for MIN nodes, then up to that for
+  the others). While no rank of this node runs, the launcher
   rewrites ``node-K/rendezvous.json`` (the round it waits in) every few seconds. A rendezvous that
   fails before any rank runs (the store went away with the agent of an old round that hosted it) is
   tried again in the same round until then. When the time is up, the nodes whose file does not
@@ -23,6 +24,12 @@ Each node's launcher starts its node's agent, as ``torchrun`` would be started o
   in ``round.json`` (:func:`rocm_yolo.run.nodes.record_stop`). The launcher reads it every few seconds while
   torch's launcher runs, waiting at the rendezvous or training: once it is there, this node's agent and ranks
   are stopped (:attr:`NodeRendezvous.halted`), and the node's supervisor stops with that node's exit code.
+- **A node that waits in a later round** while this node's ranks train (it came back with ``--resume``, or its
+  supervisor restarted its own tree after a failure) makes this node's ranks stop (:attr:`NodeRendezvous.regroup`):
+  the launcher exits with :data:`rocm_yolo.errors.REGROUP`, and the node's supervisor meets it there, from the
+  run's newest checkpoint, without spending a restart. With ``--nnodes MIN:MAX`` torch's rendezvous waits for the
+  missing nodes up to ``--rdzv-timeout`` (its join and last-call timeouts), then goes on with the MIN or more that
+  came: the ranks train the run's layout on the GPUs there are (:mod:`rocm_yolo.trainer.checkpointing.relayout`).
 - **Success is the run's own**: every rank of this node ended its training (exit 0). The agent that
   did not host the store may exit 1 at the end (``DistNetworkError``) although training finished
   (:func:`rocm_yolo.ddp.launcher.outcome`).
@@ -41,7 +48,7 @@ from rocm_yolo import errors
 from rocm_yolo.ddp.torchrun import RENDEZVOUS_FAILED, RENDEZVOUS_TIMEOUT
 from rocm_yolo.run.atomic import write_atomic
 from rocm_yolo.run.events import RunLog
-from rocm_yolo.run.nodes import NodeStop, stopped_node
+from rocm_yolo.run.nodes import NodeStop, read_round, stopped_node
 from rocm_yolo.run.spec import RunSpec
 
 MARK_EVERY = 5.0  # seconds between rewrites of node-K/rendezvous.json while this node waits
@@ -62,9 +69,12 @@ class NodeRendezvous:
     def __init__(self, spec: RunSpec, log: RunLog, clock=time.monotonic):
         self.spec, self.nodes, self.paths, self.log = spec, spec.nodes, spec.paths, log
         self.clock = clock
-        self.deadline = clock() + self.nodes.timeout
+        # MIN:MAX: torch's rendezvous waits for MIN nodes (its join timeout), then for the rest up to its last call
+        # (--rdzv-timeout once MIN are there); the join timeout must outlast the last call, or it fires first
+        self.deadline = clock() + self.nodes.timeout * (2 if self.nodes.elastic else 1)
         self.tries = 0
         self.halted: NodeStop | None = None  # another node stopped for good: this node's tree goes
+        self.regroup: int | None = None  # a later round a node waits in: this node's ranks stop to meet it
         self._halted_at = 0.0
 
     def describe(self, ranks: int) -> str:
@@ -84,7 +94,7 @@ class NodeRendezvous:
             "rocm_yolo.ddp.torchrun",
             log_path,
             "--nnodes",
-            str(self.nodes.count),
+            self.nodes.nnodes,
             "--nproc_per_node",
             str(ranks),
             "--rdzv-backend",
@@ -94,7 +104,7 @@ class NodeRendezvous:
             "--rdzv-id",
             rendezvous_id(self.nodes.round),
             "--rdzv-conf",
-            f"join_timeout={left}",
+            f"join_timeout={left}" + (f",last_call_timeout={int(self.nodes.timeout)}" if self.nodes.elastic else ""),
             "--max-restarts",
             "0",
             "-m",
@@ -113,11 +123,14 @@ class NodeRendezvous:
 
     def wait(self, proc: subprocess.Popen, heard) -> int:
         """Wait for torch's launcher to exit, marking this node as waiting while none of its ranks runs; once another
-        node stopped for good, stop it (SIGTERM: it stops its ranks; SIGKILL after :data:`HALT_GRACE`)."""
+        node stopped for good, or waits in a later round while this node's ranks run, stop it (SIGTERM: it stops its
+        ranks; SIGKILL after :data:`HALT_GRACE`)."""
         while True:
             if not heard():
                 self.mark()
             self._halt(proc)
+            if heard():
+                self._regroup(proc)
             try:
                 return proc.wait(timeout=MARK_EVERY)
             except subprocess.TimeoutExpired:
@@ -133,6 +146,26 @@ class NodeRendezvous:
             return
         self.halted, self._halted_at = found, self.clock()
         self.log.event("node_stop_seen", node=found.node, exit_code=found.exit_code, round=self.nodes.round)
+        proc.send_signal(signal.SIGTERM)
+
+    def _regroup(self, proc: subprocess.Popen) -> None:
+        """A node opened a later round while this one's ranks train (it came back, or its supervisor restarted its
+        own tree): this node's ranks stop, and its supervisor meets it there from the newest checkpoint."""
+        if self.regroup is not None or self.halted is not None:
+            if self.regroup is not None and self.clock() - self._halted_at > HALT_GRACE:
+                proc.kill()
+            return
+        found = read_round(self.paths)
+        if found is None or found.number <= self.nodes.round or found.started or found.stopped is not None:
+            return
+        self.regroup, self._halted_at = found.number, self.clock()
+        self.log.event(
+            "regroup",
+            f"a node waits in round {found.number} of the rendezvous: this node's ranks stop, to meet it there from "
+            "the run's newest checkpoint",
+            round=self.nodes.round,
+            next_round=found.number,
+        )
         proc.send_signal(signal.SIGTERM)
 
     def again(self, code: int, heard: bool) -> bool:

@@ -4,7 +4,8 @@ Each node runs the same ``rocm-yolo train`` with ``--device`` naming its own GPU
 meet at torch's c10d rendezvous (:mod:`rocm_yolo.ddp.rendezvous`). What forms the job, each value
 on its own, the first found:
 
-- the number of nodes: ``--nnodes N``, else the scheduler's (SLURM: ``SLURM_NNODES``);
+- the number of nodes: ``--nnodes N``, else the scheduler's (SLURM: ``SLURM_NNODES``); ``--nnodes MIN:MAX``
+  (torch's form): MAX nodes, and the run goes on without a node that is lost while MIN or more are left;
 - this node's id (rocm-yolo's own, 0..N-1: its files go to ``RUN/rocm_yolo/node-K/``): ``--node-rank K``,
   else the scheduler's (SLURM: ``SLURM_NODEID``);
 - where the nodes meet: ``--rdzv-endpoint HOST:PORT``, else ``MASTER_ADDR`` and ``MASTER_PORT`` when set
@@ -100,7 +101,7 @@ def resolve(
     """The nodes of the job this node belongs to (None: one machine), from the flags, else the scheduler's
     variables; UsageError for flags that do not form a job."""
     said = []  # the schedulers that said part of the job
-    count = _whole(nnodes, "--nnodes") if nnodes is not None else None
+    minimum, count = _nnodes(nnodes) if nnodes is not None else (None, None)
     if count is None:
         count, name = _from_schedulers(env, "nodes")
         said += [name] if name else []
@@ -135,4 +136,25 @@ def resolve(
             )
         said += [name] if name else []
     seconds = parse_timeout(timeout) if timeout is not None else DEFAULT_RENDEZVOUS_TIMEOUT
-    return Nodes(count=count, node=node, endpoint=where, timeout=seconds, source=said[0] if said else "flags")
+    return Nodes(
+        count=count,
+        node=node,
+        endpoint=where,
+        timeout=seconds,
+        source=said[0] if said else "flags",
+        minimum=minimum if minimum is not None and minimum < count else None,
+    )
+
+
+def _nnodes(value: object) -> tuple[int | None, int]:
+    """``--nnodes N`` (a fixed number of machines) or torch's ``MIN:MAX`` (the run goes on with MIN or more):
+    ``(MIN or None, MAX)``."""
+    low, sep, high = str(value).strip().partition(":")
+    if not sep:
+        return None, _whole(value, "--nnodes")
+    if not (low.strip().isdigit() and high.strip().isdigit()) or not 1 <= int(low) <= int(high):
+        raise UsageError(
+            f"--nnodes {value}: give the number of machines N, or MIN:MAX (the run goes on while at least MIN "
+            "of its MAX nodes are there), e.g. --nnodes 1:2"
+        )
+    return int(low), int(high)

@@ -160,9 +160,11 @@ class TrainRequest:
         default=None,
         metadata=_option(
             "machines the run trains on, each running this command with its own --node-rank (default: 1, or "
-            "SLURM_NNODES); the batch is the global batch, divided by all GPUs of all nodes",
+            "SLURM_NNODES); the batch is the global batch, divided by all GPUs of all nodes. MIN:MAX: the run goes "
+            "on without a lost node while at least MIN are left, each step's images kept, and a node that comes "
+            "back joins at the next round",
             group="nodes",
-            metavar="N",
+            metavar="N|MIN:MAX",
         ),
     )
     node_rank: Any = field(

@@ -274,6 +274,9 @@ def _finish(
                 "with the images it has left"
             )
         layout = new
+    if nodes is not None and nodes.elastic and layout is not None:  # every round the run may go on with
+        per_node = max(len(devices.gpu_ids(train_args.get("device"))), 1)
+        devices.check_rounds(layout, per_node, nodes.counts, f"--nnodes {nodes.nnodes}")
     effective = {**(saved or {}), **train_args}  # what Ultralytics trains with (a resume: the run's, changed)
     if ram_cache.wants_ram(effective) and task is not None:
         imgsz = int(effective.get("imgsz") or ucfg.default("imgsz"))

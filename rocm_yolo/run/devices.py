@@ -61,6 +61,15 @@ def world_size(train_args: Mapping[str, object], nodes: Nodes | None = None) -> 
     return max(len(gpu_ids(train_args.get("device"))), 1) * (nodes.count if nodes else 1)
 
 
+def world_now(environ: Mapping[str, str] = os.environ) -> int:
+    """The ranks this process's attempt trains on: torch's ``WORLD_SIZE`` in a rank (on several machines, the nodes
+    that met this round), else 1."""
+    try:
+        return max(int(environ[environment.WORLD_SIZE]), 1) if rank(environ) is not None else 1
+    except (KeyError, ValueError):
+        return 1
+
+
 def launches_ranks(train_args: Mapping[str, object], nodes: Nodes | None = None) -> bool:
     """Whether the training child launches ranks with ``torch.distributed.run``: several GPUs, or several nodes."""
     return nodes is not None or world_size(train_args) > 1
@@ -227,9 +236,9 @@ def gpu_counts_that_fit(layout: Layout, most: int = 64) -> list[int]:
     return [n for n in range(1, most + 1) if fits(layout, n)]
 
 
-def relayout(layout: Layout, gpus: int, where: str = "") -> Relayout:
+def relayout(layout: Layout, gpus: int, where: str = "", fix: str = "resume on {counts} GPUs") -> Relayout:
     """``layout`` on ``gpus`` GPUs; :class:`UsageError` in one line when no GPU count of that kind can keep each
-    step's images (``where``: how the user named the GPUs, for the message)."""
+    step's images (``where``: how the user named the GPUs; ``fix``: what to do, with the counts that work)."""
     if fits(layout, gpus):
         return Relayout(layout, gpus)
     counts = gpu_counts_that_fit(layout, max(2 * gpus, 2 * layout.world, 8))
@@ -237,6 +246,20 @@ def relayout(layout: Layout, gpus: int, where: str = "") -> Relayout:
     on = f"on {layout.world} GPUs ({layout.rank_batch} each)" if layout.world > 1 else "on one GPU"
     raise UsageError(
         f"{where or f'{gpus} GPUs'}: the run trains {layout.batch} images a step {on}, which {gpus} GPUs cannot "
-        f"share out exactly without a GPU taking more: resume on {shown} GPUs, or give batch=N to start a new "
+        f"share out exactly without a GPU taking more: {fix.format(counts=shown)}, or give batch=N to start a new "
         "global batch on purpose (the position in the epoch is kept)"
     )
+
+
+def check_rounds(layout: Layout, per_node: int, counts: range, where: str) -> None:
+    """Every round of ``counts`` nodes of ``per_node`` GPUs (``--nnodes MIN:MAX``) can train ``layout`` exactly, on
+    two GPUs or more (a rank alone has no process group); :class:`UsageError` naming the first that cannot."""
+    for nodes in counts:
+        gpus = nodes * per_node
+        named = f"{where}: a round of {nodes} node{'s' if nodes > 1 else ''} ({gpus} GPU{'s' if gpus > 1 else ''})"
+        if gpus < 2:
+            raise UsageError(
+                f"{named} would be one rank alone: give a MIN that leaves two GPUs or more (a single GPU left goes "
+                "on with --resume RUN on that node, without the node flags)"
+            )
+        relayout(layout, gpus, named, "choose MIN:MAX so that every round has {counts} GPUs")

@@ -62,6 +62,7 @@ class Heartbeat:
     rank: int = 0  # the DDP rank that wrote it (0 on one GPU); rank 0 speaks for the run
     local_rank: int = 0  # its rank among its node's ranks: local rank 0 speaks for its node to the node's supervisor
     startup: str = ""  # before the attempt's first trained batch, what it does (one of STEPS); "" after
+    world: int = 1  # the ranks the attempt trains on (torch's WORLD_SIZE; 1 on one GPU)
 
     @property
     def lead(self) -> bool:
@@ -83,6 +84,7 @@ def parse(text: str | bytes) -> Heartbeat | None:
     data.setdefault("rank", 0)  # a record of a version before multi-GPU runs
     data.setdefault("local_rank", data["rank"])  # a record of a version before multi-node runs
     data.setdefault("startup", "")  # a record of a version before start-up steps
+    data.setdefault("world", 1)  # a record of a version before a run could change its GPUs
     if set(data) != set(_TYPES):
         return None
     for key, kind in _TYPES.items():

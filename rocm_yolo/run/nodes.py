@@ -13,6 +13,10 @@ round (:class:`NodeStop`, :func:`record_stop`): the other nodes stop too, with i
 next restart or while they wait at the rendezvous, instead of waiting there for it until
 ``--rdzv-timeout``. A user's start or resume opens a round without it.
 
+Each node's supervisor says it lives (:class:`SayAlive`: ``node-K/alive.json``, a count raised every
+few seconds); after a failed attempt, a node whose count stopped (:func:`lost_nodes`) is gone, and the
+others meet again without it (``--nnodes MIN:MAX``) or wait for it at the rendezvous, spending no restart.
+
 The supervisor (a restart joins the next round) and the DDP launcher (it watches for a node's stop)
 share this module.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import threading
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Mapping
 
@@ -41,6 +46,21 @@ class Nodes:
     timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT  # seconds to wait for the other nodes there (--rdzv-timeout)
     source: str = "flags"  # where the job came from, for the header: flags, SLURM
     round: int = 1  # the round of the rendezvous this attempt joins (:class:`Round`)
+    minimum: int | None = None  # --nnodes MIN:MAX: the run goes on with at least MIN of its ``count`` nodes
+
+    @property
+    def elastic(self) -> bool:
+        return self.minimum is not None and self.minimum < self.count
+
+    @property
+    def counts(self) -> range:
+        """How many nodes a round may have: ``count``, or any from ``minimum`` to it."""
+        return range(self.minimum if self.elastic else self.count, self.count + 1)
+
+    @property
+    def nnodes(self) -> str:
+        """As torch's launcher and ``--nnodes`` write it: ``N``, or ``MIN:MAX``."""
+        return f"{self.minimum}:{self.count}" if self.elastic else str(self.count)
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "Nodes":
@@ -48,7 +68,11 @@ class Nodes:
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def describe(self) -> str:
-        return f"node {self.node} of {self.count}, rendezvous {self.endpoint} ({self.source}), round {self.round}"
+        going_on = f" (going on with {self.minimum} or more)" if self.elastic else ""
+        return (
+            f"node {self.node} of {self.count}{going_on}, rendezvous {self.endpoint} ({self.source}), "
+            f"round {self.round}"
+        )
 
 
 @dataclass(frozen=True)
@@ -148,3 +172,63 @@ def stopped_node(paths: RunPaths) -> NodeStop | None:
     """The node that stopped the run for good, as ``round.json`` says, if one did."""
     found = read_round(paths)
     return found.stopped if found is not None else None
+
+
+# --------------------------------------------------------------------------- a node's supervisor lives
+
+ALIVE_EVERY = 2.0  # seconds between rewrites of a node's alive.json by its supervisor
+LOST_AFTER = 15.0  # seconds without a rewrite after which a node is gone (its supervisor, or its machine)
+
+
+def say_alive(paths: RunPaths, beat: int) -> None:
+    """This node's supervisor lives: ``node-K/alive.json`` holds a count it raises every :data:`ALIVE_EVERY`."""
+    paths.node_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(paths.alive, json.dumps({"beat": beat, "pid": os.getpid()}))
+
+
+def alive_beat(paths: RunPaths) -> int | None:
+    try:
+        return int(json.loads(paths.alive.read_text())["beat"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def lost_nodes(paths: RunPaths, nodes: Nodes, clock, sleep, wait: float = LOST_AFTER) -> list[int]:
+    """The other nodes whose supervisor did not raise its count within ``wait`` seconds of this one's clock (no
+    other clock is read: the storage's times and the machines' may differ): gone, or cut off from the storage."""
+    others = [k for k in range(nodes.count) if k != nodes.node]
+    first = {k: alive_beat(paths.for_node(k)) for k in others}
+    deadline = clock() + wait
+    while True:
+        silent = [k for k in others if alive_beat(paths.for_node(k)) in (first[k], None)]
+        if not silent or clock() >= deadline:
+            return silent
+        sleep(0.5)
+
+
+class SayAlive:
+    """A thread of a node's supervisor that raises its count in ``alive.json`` every :data:`ALIVE_EVERY` seconds,
+    whatever the supervisor does meanwhile (a kill, a stack dump): the other nodes tell a node that is gone from
+    one that is busy (:func:`lost_nodes`)."""
+
+    def __init__(self, paths: RunPaths, every: float = ALIVE_EVERY):
+        self.paths, self.every = paths, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rocm-yolo-alive", daemon=True)
+
+    def start(self) -> "SayAlive":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        beat = 0
+        while not self._stop.is_set():
+            beat += 1
+            try:
+                say_alive(self.paths, beat)
+            except OSError:
+                pass  # the storage refuses for now: the other nodes may call this one gone, and it rejoins
+            self._stop.wait(self.every)

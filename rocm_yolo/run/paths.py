@@ -244,6 +244,12 @@ class RunPaths:
         return self.node_dir / "rendezvous.json"
 
     @property
+    def alive(self) -> Path:
+        """On several machines: this node's supervisor says it lives, a count rewritten every few seconds
+        (``run.nodes.Liveness``)."""
+        return self.node_dir / "alive.json"
+
+    @property
     def round(self) -> Path:
         """On several machines: the round every node agrees on, and its profile (``run.nodes.Round``)."""
         return self.state / "round.json"

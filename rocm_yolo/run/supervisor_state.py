@@ -26,6 +26,7 @@ class State(str, Enum):
     STALLED = "stalled"  # no progress for the stall timeout
     CRASHED = "crashed"  # exited with an error during training
     ALREADY_FINISHED = "already_finished"  # the checkpoint's run has trained all its epochs
+    REGROUP = "regroup"  # several machines: the nodes meet again in a later round (a node joins, or one is lost)
     # the run (and an attempt that ends it)
     RUNNING = "running"
     FINISHED = "finished"  # every epoch trained

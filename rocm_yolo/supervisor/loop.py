@@ -29,6 +29,7 @@ from rocm_yolo.diagnosis.evidence import Machine
 from rocm_yolo.gpu.release import Release, wait_released
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.heartbeat import Heartbeat
+from rocm_yolo.run.nodes import SayAlive
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.run.supervisor_state import Failure, Recovery, State, read_state, write_state
 from rocm_yolo.supervisor import restart
@@ -101,6 +102,7 @@ class Supervisor:
         self._failed_pids: list[int] = []
         self.startup = Startup()  # the run's own start-up, measured: a restart's allowance
         self.hb: Heartbeat | None = None  # the newest heartbeat heard when an attempt ended: where the run is
+        self.gone: set[int] = set()  # several machines: the other nodes known gone (no failure of theirs twice)
 
     @property
     def failures(self) -> list[Failure]:
@@ -118,9 +120,12 @@ class Supervisor:
 
     # the loop ------------------------------------------------------------------------------
     def run(self) -> RunResult:
+        alive = SayAlive(self.spec.paths).start() if self.spec.nodes is not None else None  # the other nodes see it
         try:
             return self._run()
         finally:
+            if alive is not None:
+                alive.stop()
             self.reporter.close()  # the last event gets a few seconds; no notify command outlives the run
 
     def _run(self) -> RunResult:
@@ -132,6 +137,9 @@ class Supervisor:
             if self.interrupted is not None:  # a signal during the previous kill: start nothing new
                 return self._interrupted(spec)
             outcome, info = self._attempt(spec)
+            if outcome == State.REGROUP:  # several machines: the nodes meet again in a later round
+                spec = restart.next_round(spec, self.log)
+                continue
             stopped = restart.other_node_stopped(spec, outcome, self.log)  # several machines: a node stopped for good
             if stopped is not None:
                 self.result.detail = stopped.describe(spec.nodes.count)
@@ -177,11 +185,17 @@ class Supervisor:
                     "leftover", f"processes still alive after SIGKILL (stuck in the kernel?): {left}", pids=left
                 )
             restart.remove_cut_writes(spec, self.log)  # no file of a checkpoint write the end of the tree cut short
+        if end.state in (State.STALLED, State.CRASHED) and self._nodes_lost(spec):
+            return State.REGROUP, end.info  # another node is gone: no failure of this node's to diagnose
         if end.state in (State.STALLED, State.CRASHED):
             failure = self._diagnose(child, spec, end, pids, began)
             cut = self.work.failed(end.state == State.STALLED and "hang" or "crash", end.at, end.stalled, failure.cls)
             self._retrained(cut)
         return end.state, end.info
+
+    def _nodes_lost(self, spec: RunSpec) -> bool:
+        """Several machines: another node is gone since the last failure (its supervisor stopped answering)."""
+        return bool(restart.nodes_lost(spec, self.clock, self.sleep, self.log, self.gone))
 
     def _ended(self, outcome: State, spec: RunSpec) -> RunResult | None:
         """The run's result when ``outcome`` ends the run; None when it calls for a restart."""

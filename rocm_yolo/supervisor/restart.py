@@ -20,7 +20,7 @@ from rocm_yolo.process.lifecycle import alive
 from rocm_yolo.run import checkpoints
 from rocm_yolo.run.atomic import copy_atomic, temporaries
 from rocm_yolo.run.events import FROM_PYTHON, RunLog, read_events
-from rocm_yolo.run.nodes import NodeStop, join_round, record_stop, stopped_node
+from rocm_yolo.run.nodes import LOST_AFTER, NodeStop, join_round, lost_nodes, record_stop, stopped_node
 from rocm_yolo.run.profiles import next_profile, resolve
 from rocm_yolo.run.spec import RunSpec, carry_over
 from rocm_yolo.run.supervisor_state import State
@@ -237,6 +237,59 @@ def tell_other_nodes(spec: RunSpec, result: RunResult, log: RunLog) -> None:
         return
     if kept == stop:  # the node's own last line stays its reason's
         log.event("node_stop", path=str(spec.paths.round), exit_code=stop.exit_code, reason=stop.reason)
+
+
+def next_round(spec: RunSpec, log: RunLog) -> RunSpec:
+    """The attempt after one that ended because the nodes meet again (a node joins, or one is gone): the next round,
+    the same profile, the newest checkpoint; no restart spent."""
+    spec = next_spec(spec, (spec.profile,), log)
+    log.event(
+        "rejoin",
+        f"meeting the other nodes in round {spec.nodes.round} of the rendezvous on profile '{spec.profile}'"
+        + (f" from {spec.resume}" if spec.resume else " from the start")
+        + " (no restart spent)",
+        attempt=spec.attempt,
+        round=spec.nodes.round,
+        profile=spec.profile,
+        resume=spec.resume,
+    )
+    return spec
+
+
+def nodes_lost(spec: RunSpec, clock, sleep, log: RunLog, gone: set[int]) -> list[int]:
+    """After a failed attempt on more than one machine: the other nodes gone since the last one (their supervisors
+    stopped answering), said in one line; the attempt failed for them, not for a cause of this node's. ``gone``: the
+    nodes known gone, kept up to date (one that answers again is no longer; one gone before is no cause now)."""
+    if spec.nodes is None:
+        return []
+    stop = stopped_node(spec.paths)
+    if stop is not None and stop.node != spec.nodes.node:
+        return []  # a node that stopped for good said so: every node stops (other_node_stopped)
+    silent = lost_nodes(spec.paths, spec.nodes, clock, sleep)
+    lost = [k for k in silent if k not in gone]
+    gone.clear()
+    gone.update(silent)
+    if not lost:
+        return []
+    n = spec.nodes
+    names, many = " and ".join(f"node {k}" for k in lost), len(lost) > 1
+    them = "them" if many else "it"
+    left = n.count - len(lost)
+    then = (
+        f"the run goes on with the {left} left (--nnodes {n.nnodes}) once the rendezvous waited {n.timeout:.0f} s "
+        f"for {them}"
+        if n.elastic and left >= n.minimum
+        else f"this node waits for {them} at the rendezvous, up to {n.timeout:.0f} s"
+    )
+    log.event(
+        "node_lost",
+        f"{names} of {n.count} {'are' if many else 'is'} gone (no sign of {'their' if many else 'its'} "
+        f"supervisor{'s' if many else ''} for {LOST_AFTER:.0f} s): this node's ranks stopped for {them}, not for a "
+        f"fault of their own; {then}",
+        nodes=lost,
+        round=n.round,
+    )
+    return lost
 
 
 def other_node_stopped(spec: RunSpec, outcome: State, log: RunLog) -> NodeStop | None:

@@ -4,13 +4,14 @@ States of an attempt::
 
     STARTING --first training batch--> HEALTHY --exit 0--> SUCCEEDED
        |  |                              |--no progress for the stall timeout--> STALLED
-       |  '--exit 2/3/4/123: USAGE_ERROR, ALREADY_FINISHED, SETUP_FAILED, INTERNAL_ERROR; 5: FAILED (a node
-       |     of a multi-node run did not come to the rendezvous)
+       |  '--exit 2/3/4/123: USAGE_ERROR, ALREADY_FINISHED, SETUP_FAILED, INTERNAL_ERROR; 6: FAILED (a node
+       |     of a multi-node run did not come to the rendezvous); 7: REGROUP (a node waits in a later round)
        |                                 '--any other exit------------------------> CRASHED
        '--no heartbeat within the start-up allowance (the stall timeout once the loader is iterated for the
           first batch)--> STALLED
     any state --SIGINT/SIGTERM/SIGHUP--> INTERRUPTED
     STALLED/CRASHED --restarts left--> next attempt (next profile)   else: FAILED
+    REGROUP, or STALLED/CRASHED with another node gone --> next round, same profile, no restart spent
 
 The run ends in FINISHED, FAILED, USAGE_ERROR, SETUP_FAILED (the environment: a broken
 torch, a full or read-only disk; never retried), INTERNAL_ERROR or INTERRUPTED, which is
@@ -35,6 +36,7 @@ EXIT_STATES = {
     errors.SETUP: State.SETUP_FAILED,
     errors.INTERNAL: State.INTERNAL_ERROR,
     errors.NODES_MISSING: State.FAILED,  # a node did not come to the rendezvous: no restart meets it either
+    errors.REGROUP: State.REGROUP,  # a node waits in a later round: the nodes meet there
 }
 # How a run that ends in a state exits.
 RUN_EXIT = {

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import time
 
-from rocm_yolo import environment
 from rocm_yolo.errors import CHILD_FINISHED, OK
 from rocm_yolo.run import devices, hooks
 from rocm_yolo.run.devices import Relayout, relayout
@@ -45,6 +43,7 @@ def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
         rank=rank,
         local_rank=local,
         spawned_workers=bool(env.loader.workers) and env.loader.start_method == "spawn",
+        world=devices.world_now(),
     )
     settings = TrainerSettings(spec, log, arg_presets=env.args)
     testing = hooks.trainer_callbacks(paths, spec.attempt)  # [] unless a test asked for faults or a recording
@@ -71,7 +70,7 @@ def relayout_here(spec: RunSpec) -> Relayout | None:
     layout = spec.run_layout
     if layout is None:
         return None
-    gpus = int(os.environ.get(environment.WORLD_SIZE, "1")) if devices.rank() is not None else 1
+    gpus = devices.world_now()
     return relayout(layout, gpus, f"{gpus} GPU{'s' if gpus > 1 else ''} now")
 
 
@@ -102,8 +101,8 @@ def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
             spec, model = checked_resume(spec, model, log, YOLO)
         args = train_args.train_args(spec, env.args, log, model.ckpt)
         relaid = relayout_here(spec)
-        if relaid is not None and relaid.changed:
-            args["batch"] = relaid.train_batch  # Ultralytics' per-rank share is the GPU's micro-batch
+        if relaid is not None:  # Ultralytics' per-rank share is the GPU's micro-batch (a checkpoint of an attempt
+            args["batch"] = relaid.train_batch  # on other GPUs holds that attempt's batch: not the run's own)
         if model.ckpt:
             model.ckpt.pop(MID_EPOCH_KEY, None)  # the trainer loads its own copy; do not hold this one all run
         register(model, owners)

@@ -63,15 +63,15 @@ def free_port(low: int = 15000, high: int = 30000) -> int:
 class TwoNodes:
     """Two supervisors of one run on this machine: node 0 and node 1, each with its own output."""
 
-    def __init__(self, cli: Cli, run: Path, port: int, timeout: int = 120):
-        self.cli, self.run, self.port, self.timeout = cli, run, port, timeout
+    def __init__(self, cli: Cli, run: Path, port: int, timeout: int = 120, nnodes: str = "2"):
+        self.cli, self.run, self.port, self.timeout, self.nnodes = cli, run, port, timeout, nnodes
         self.outputs: dict[int, Path] = {}
 
     def flags(self, node: int) -> list[str]:
         endpoint = f"127.0.0.1:{self.port}"
         return [
             "--nnodes",
-            "2",
+            self.nnodes,
             "--node-rank",
             str(node),
             "--rdzv-endpoint",
@@ -259,3 +259,65 @@ def test_slurms_variables_form_the_job_with_no_node_flags(cli, data32, tmp_path)
     for k in (0, 1):
         found = latest_spec(run, k).nodes
         assert (found.count, found.node, found.endpoint, found.source) == (2, k, f"127.0.0.1:{port}", "SLURM")
+
+
+def alone_on_node_0(nodes: TwoNodes) -> bool:
+    """Node 0 trains the run's four ranks on its own two GPUs (``--nnodes 1:2``, node 1 gone)."""
+    beat = heartbeat.read(nodes.paths(0).heartbeat)
+    return beat is not None and beat.world == 2 and beat.phase == "train" and beat.batches_total > 0
+
+
+@pytest.mark.multinode
+def test_with_nnodes_1_2_a_node_gone_for_good_leaves_the_other_to_finish_the_run_exactly(cli, data32, tmp_path):
+    """``--nnodes 1:2``: node 1's supervisor SIGKILLed in epoch 2 (its tree dies with it) and never started again.
+    Node 0's ranks fail in the all-reduce; node 0 sees node 1 gone (its supervisor no longer answers), spends no
+    restart and diagnoses nothing, waits --rdzv-timeout at the rendezvous, then trains the run's four ranks on its
+    own two GPUs (two micro-batches each a step, the run's accumulate) from the newest checkpoint, to the end."""
+    run = tmp_path / "runs" / "mn"
+    nodes = TwoNodes(cli, run, free_port(), timeout=20, nnodes="1:2")
+    procs = nodes.train(data32, *WATCH, "--epochs", "4", "--checkpoint-every", "2ba")
+    beat = RunPaths(run, 1).heartbeat
+    wait_for(lambda: getattr(heartbeat.read(beat), "epoch", 0) >= 2, 240, "epoch 2 on node 1", procs[1], cli)
+    procs[1].send_signal(signal.SIGKILL)
+    procs[1].wait()
+    assert nodes.wait([procs[0]], 400) == [0], nodes.out(0)[-4000:]
+    assert epochs_in(run) == [1, 2, 3, 4] and cli.leftovers() == []
+    [lost] = nodes.node_events(0, "node_lost")
+    assert lost["nodes"] == [1] and lost["round"] == 1
+    assert not nodes.node_events(0, "restart") and not nodes.node_events(0, "crash")  # no restart, no cause
+    [rejoin] = nodes.node_events(0, "rejoin")
+    assert rejoin["round"] == 2
+    laid = [e for e in nodes.node_events(0, "relayout") if e.get("rank", 0) == 0]
+    assert [(e["world_from"], e["world_to"], e["micro_batches"], e["accumulate"]) for e in laid] == [(4, 2, 2, 8)]
+    state = json.loads(nodes.paths(0).supervisor.read_text())
+    assert state["restarts"] == 0 and state["state"] == "finished"
+    line = [x for x in nodes.out(0).splitlines() if "node 1 of 2 is gone" in x]
+    assert line and "the run goes on with the 1 left (--nnodes 1:2)" in line[0], nodes.out(0)[-3000:]
+    assert "Traceback" not in nodes.out(0) and "NCCL_P2P_DISABLE" not in nodes.out(0)
+    status = subprocess.run([sys.executable, "-m", "rocm_yolo", "status", str(run)], capture_output=True, text=True)
+    assert status.returncode == 0 and "nodes:" in status.stdout
+
+
+@pytest.mark.multinode
+def test_with_nnodes_1_2_a_node_that_comes_back_joins_at_the_next_round_and_the_world_grows_back(cli, data32, tmp_path):
+    """As above, then node 1 is started again with ``--resume RUN`` and its node flags while node 0 trains alone:
+    it opens the next round, node 0's ranks stop to meet it there (no restart spent), and both finish the run on
+    the four ranks of its layout again, every epoch once."""
+    run = tmp_path / "runs" / "mn"
+    nodes = TwoNodes(cli, run, free_port(), timeout=20, nnodes="1:2")
+    procs = nodes.train(data32, *WATCH, "--epochs", "8", "--checkpoint-every", "2ba")
+    beat = RunPaths(run, 1).heartbeat
+    wait_for(lambda: getattr(heartbeat.read(beat), "epoch", 0) >= 2, 240, "epoch 2 on node 1", procs[1], cli)
+    procs[1].send_signal(signal.SIGKILL)
+    procs[1].wait()
+    wait_for(lambda: alone_on_node_0(nodes), 240, "node 0 training alone", procs[0], cli)
+    again = nodes.start(1, "train", "--resume", str(run))
+    assert nodes.wait([procs[0], again], 600) == [0, 0], nodes.out(0)[-4000:] + nodes.out(1)[-3000:]
+    assert epochs_in(run) == list(range(1, 9)) and cli.leftovers() == []
+    [regroup] = nodes.node_events(0, "regroup")
+    rejoins = nodes.node_events(0, "rejoin")
+    assert [e["round"] for e in rejoins] == [2, regroup["next_round"]] and regroup["next_round"] == 3
+    assert json.loads(nodes.paths(0).supervisor.read_text())["restarts"] == 0
+    last = heartbeat.read(nodes.paths(0).heartbeat)
+    assert last.world == 4 and last.attempt == rejoins[-1]["attempt"]  # the four ranks again, in round 3
+    assert "done:" in nodes.out(1) and "done:" in nodes.out(0)

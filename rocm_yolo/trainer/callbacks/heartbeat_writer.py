@@ -32,6 +32,7 @@ class HeartbeatWriter:
         rank: int = 0,
         local_rank: int | None = None,
         spawned_workers: bool = False,
+        world: int = 1,
     ):
         self.path = Path(path)
         self.spawned_workers = spawned_workers  # the first batch waits for workers that import torch: start-up
@@ -55,6 +56,7 @@ class HeartbeatWriter:
             "rank": rank,
             "local_rank": local_rank,
             "startup": "",
+            "world": world,
         }
         self.step_max = 0.0
         self.step_last = 0.0

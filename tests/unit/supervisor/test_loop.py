@@ -12,6 +12,7 @@ import fakes
 from fakes import Clock, ScriptedChild, beat
 from rocm_yolo import errors
 from rocm_yolo.run.events import RunLog
+from rocm_yolo.run.nodes import say_alive
 from rocm_yolo.supervisor import stall
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.loop import Supervisor
@@ -273,7 +274,7 @@ def test_on_several_machines_restarts_join_the_round_every_node_agrees_on_and_a_
     join_round(spec.paths, "fast")
     mark_round_started(spec.paths, 1)
     join_round(spec.paths.for_node(0), "safe", after=1)  # node 0 restarted first, and opened round 2
-    clock = Clock()
+    clock = AliveNode(spec.paths.for_node(0))  # node 0's supervisor lives: this node's crash is its own
     children = [
         ScriptedChild(clock, {}, exit_at=1, code=1),  # round 1: the other node's rank died, ours crashed
         ScriptedChild(clock, {}, exit_at=1, code=errors.NODES_MISSING),  # round 2: node 0 did not come back
@@ -283,6 +284,42 @@ def test_on_several_machines_restarts_join_the_round_every_node_agrees_on_and_a_
     assert made[1].paths.node_dir.name == "node-1" and read_round(spec.paths).number == 2
     assert result.exit_code == errors.FAILED and result.restarts == 1 and result.detail and result.node == 1
     assert result.paths.log == spec.paths.node_dir / "rocm-yolo.log"
+
+
+class AliveNode(Clock):
+    """The fake clock, and another node whose supervisor lives: its count in alive.json goes up as time passes."""
+
+    def __init__(self, paths):
+        super().__init__()
+        self.paths = paths
+        say_alive(paths, 0)
+
+    def sleep(self, dt: float) -> None:
+        super().sleep(dt)
+        say_alive(self.paths, int(self.now * 1000))
+
+
+def test_on_several_machines_a_node_gone_is_met_again_without_it_and_spends_no_restart(spec):
+    """Node 0's supervisor stopped answering (killed, its machine gone): node 1's crash is node 0's loss, not a fault
+    of node 1's own. No restart is spent, no cause is diagnosed, and node 1 meets again in the next round, where
+    (a fixed count of nodes) the rendezvous ends the run naming node 0; a crash after that is node 1's own."""
+    from rocm_yolo.run.nodes import Nodes, join_round, mark_round_started
+
+    nodes = Nodes(count=2, node=1, endpoint="127.0.0.1:29400", round=1)
+    spec = replace(spec, nodes=nodes, train_args={"epochs": 3, "device": "0,1"})
+    join_round(spec.paths, "fast")
+    mark_round_started(spec.paths, 1)
+    say_alive(spec.paths.for_node(0), 7)  # and never again
+    clock = Clock()
+    children = [
+        ScriptedChild(clock, {}, exit_at=1, code=1),  # round 1: node 0 went, our ranks crashed in the all-reduce
+        ScriptedChild(clock, {}, exit_at=1, code=1),  # round 2: a crash of our own (node 0 known gone)
+        ScriptedChild(clock, {}, exit_at=1, code=errors.NODES_MISSING),  # round 3: node 0 did not come
+    ]
+    result, made = supervise(spec, children, clock, config=replace(CONFIG, max_restarts=3))
+    assert [(s.nodes.round, s.profile) for s in made] == [(1, "fast"), (2, "fast"), (3, "safe")]
+    assert result.exit_code == errors.FAILED and result.restarts == 1  # the second crash only
+    assert [f.attempt for f in result.failures] == [2]  # the first was node 0's loss: nothing diagnosed
 
 
 def _supervisor(spec, child, clock, sleep, stop_self) -> Supervisor:
