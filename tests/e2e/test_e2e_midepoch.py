@@ -3,7 +3,7 @@
 One uninterrupted reference run (``--profile single``, ``seed=0 deterministic=True``, no mid-epoch checkpoints)
 records the image files of every batch. A run that writes checkpoints every 6 batches, killed with SIGKILL in the
 middle of a checkpoint write in epoch 2 (still in warm-up) and resumed with ``--resume``, must end with the
-reference's weights and losses; a copy of it resumed with another batch starts at the epoch boundary; a worker
+reference's weights and losses; a copy of it resumed with another batch keeps its place in the epoch; a worker
 hang under ``fast`` is resumed by the watchdog inside the epoch, on another profile, with the reference's samples
 in the reference's order and at most the interval plus one batch trained again. A stop (SIGTERM to the supervisor)
 in the middle of a checkpoint's write waits for it, or, when the write outlasts the grace the tree gets, its
@@ -195,27 +195,28 @@ def test_resumed_inside_the_epoch_it_ends_exactly_as_the_uninterrupted_run(runne
     assert runner.leftovers() == []
 
 
-def test_another_batch_resumes_at_the_epoch_boundary_and_says_so(runner, killed):
+def test_another_batch_keeps_the_position_and_trains_the_rest_of_the_epoch_in_its_steps(runner, killed):
+    """A new global batch on purpose (batch 2 -> 4): the position is kept (issue 41), the epoch goes on with the
+    images the checkpoint had not trained, in steps of the new batch, ending where its epoch ends."""
     _, copy = killed
     proc = runner.start("train", "--resume", str(copy / "weights" / "last.pt"), "--batch", "4")
-    try:  # once it trains epoch 2 from its first batch, that is all this test needs: stop it (SIGTERM)
+    try:  # once it trains the rest of epoch 2, that is all this test needs: stop it (SIGTERM)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
             hb = heartbeat.read(RunPaths(copy).heartbeat)
             if hb is not None and hb.attempt == 2 and hb.phase == "train" and hb.batches_total >= 1:
                 break
             time.sleep(0.2)
-        # epoch 2 from its first batch, 8 batches of 4 (a fast machine may be in epoch 3 by the time it is read)
-        assert hb.epoch >= 2 and hb.batches == 8 and (hb.epoch - 2) * 8 + hb.batch == hb.batches_total, hb
+        # 8 batches of 4 an epoch now; the checkpoint had done 6 of 2 (12 images): 20 left, 5 steps, from step 3
+        assert hb.epoch >= 2 and hb.batches == 8 and (hb.epoch > 2 or hb.batch >= 4), hb
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     out = runner.read()
-    assert (
-        "batch 2 -> 4: the position in ep2-ba6.pt means nothing with that, so the run resumes from the end of "
-        "its last epoch (last.pt)"
-    ) in out
-    assert f"resuming {copy / 'weights' / 'last.pt'} from epoch 2/3" in out
+    assert "a new global batch (2 -> 4 images a step): the 20 images epoch 2 has left, in 5 steps" in out
+    [rest] = events(copy, "resume_rest")
+    assert (rest["batch_from"], rest["batch_to"], rest["done"], rest["steps"]) == (2, 4, 6, 5)
+    assert "resumed at epoch 2/3, batch 6/16 from ep2-ba6.pt; continuing with batch 4 of 8" in out
     assert runner.leftovers() == []
 
 
