@@ -1,18 +1,8 @@
 """What failed, read from the evidence: one class per failure, the lines that decided it and why, and a signature.
 
 Policy, and pure: :func:`diagnose` reads nothing but its :class:`Evidence` (what :mod:`.evidence` gathered) and
-returns a :class:`Diagnosis`. The classes:
-
-- ``environment``: the installed software cannot run on this card (no code object or kernels for it, no GPU
-  visible, a library without kernels for its architecture);
-- ``gpu-oom``, ``host-oom``: GPU memory, host memory refused (or the OOM killer's victim is the attempt's);
-- ``gpu-fault``, ``gpu-hang``: the GPU runtime's fault or hang (its abort texts, HIP's errors, amdgpu's kernel
-  lines about the attempt's processes or cards; in a hang, the trainer stuck in GPU work);
-- ``collective``: the GPUs' collectives timed out or failed (or, in a hang, every rank waits in one);
-- ``loader``: a DataLoader worker died or timed out, its shared memory ran out, or the trainer waits for a batch;
-- ``data-error``: a sample failed to load (named by its file where the error names one);
-- ``training-error``: any other error of the training step (a device-side assert included: the step's own data);
-- ``unknown``: no evidence (a signal with no word, a hang elsewhere).
+returns a :class:`Diagnosis` of one of the classes of :data:`.classes.CLASSES` (each record says what failed, and
+what the watchdog does about it).
 
 **Evidence is the failure's own.** Only what the failing attempt wrote since its last progress (its stderr, the
 traceback of its crash, the stacks of its hang, the exit status) and what the kernel said of its processes or
@@ -32,8 +22,7 @@ import re
 import signal
 
 from rocm_yolo.diagnosis import hangs, vocabulary
-from rocm_yolo.diagnosis.record import UNKNOWN, Diagnosis, Evidence
-from rocm_yolo.diagnosis.vocabulary import (
+from rocm_yolo.diagnosis.classes import (
     COLLECTIVE,
     DATA_ERROR,
     ENVIRONMENT,
@@ -43,13 +32,12 @@ from rocm_yolo.diagnosis.vocabulary import (
     HOST_OOM,
     LOADER,
     TRAINING_ERROR,
-    Word,
+    UNKNOWN,
 )
+from rocm_yolo.diagnosis.record import Diagnosis, Evidence
+from rocm_yolo.diagnosis.vocabulary import Word
 from rocm_yolo.gpu.kernel_log import OOM, kinds, victims
 from rocm_yolo.process.lifecycle import signal_name
-
-CLASSES = (LOADER, GPU_HANG, GPU_FAULT, GPU_OOM, HOST_OOM, COLLECTIVE, ENVIRONMENT, TRAINING_ERROR, DATA_ERROR, UNKNOWN)
-GPU_CLASSES = (GPU_FAULT, GPU_HANG)
 
 _SIZE = r"([\d.]+) (bytes|KiB|MiB|GiB|TiB)"
 _OOM_NUMBERS = {
@@ -147,15 +135,16 @@ def _named_file(line: str, text: str) -> str:
 
 def _from_word(word: Word, line: str, text: str, weak: bool) -> Diagnosis:
     cls, detail, title = word.cls, {}, ""
+    plain = word.failure.title  # what its class is called when the line gives no more
     why = f"{word.name}" + (f" ({word.meaning})" if word.meaning else "") + f": {word.source}"
     key = line
     if cls == GPU_FAULT and (m := _HSA_REASON.search(line)):
         reason = _reason(m[2])
         title, detail, key = f"GPU memory access fault ({reason})", {"node": int(m[1]), "reason": reason}, reason
     elif cls in (GPU_FAULT, GPU_HANG, ENVIRONMENT) and (m := _HSA_STATUS.search(line)):
-        title, key = f"{_TITLES[cls]} ({m[1]})", m[1]
+        title, key = f"{plain} ({m[1]})", m[1]
     elif cls in (GPU_FAULT, GPU_HANG, ENVIRONMENT) and (m := _HIP_NAME.search(line)):
-        title = f"{_TITLES[cls]} ({(m[1] or m[2]).strip()[:120]})"
+        title = f"{plain} ({(m[1] or m[2]).strip()[:120]})"
     elif cls == GPU_HANG and "reason" in line.lower():
         title, key = f"GPU hang ({line.rsplit(':', 1)[-1].strip()})", "GPU Hang"
     elif cls == GPU_OOM:
@@ -168,22 +157,9 @@ def _from_word(word: Word, line: str, text: str, weak: bool) -> Diagnosis:
     elif cls == TRAINING_ERROR:
         title = f"training error ({word.name}: {word.meaning.split(':')[0]})"
     if not title:
-        title = f"{_TITLES[cls]} ({line[:160]})"
+        title = f"{plain} ({line[:160]})"
     detail["word"] = word.name
     return Diagnosis(cls, title, f"{cls}: {normalized(key)}" if key else cls, (line,), detail, weak, why)
-
-
-_TITLES = {
-    ENVIRONMENT: "the installed software cannot run on this GPU",
-    GPU_OOM: "GPU out of memory",
-    HOST_OOM: "host out of memory",
-    GPU_FAULT: "GPU error",
-    GPU_HANG: "GPU hang",
-    COLLECTIVE: "collective failed between the GPUs",
-    LOADER: "DataLoader worker died",
-    DATA_ERROR: "data error",
-    TRAINING_ERROR: "training error",
-}
 
 
 def _kernel(lines: tuple[str, ...], e: Evidence, weak: bool) -> Diagnosis | None:

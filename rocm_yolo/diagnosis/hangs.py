@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import re
 
-from rocm_yolo.diagnosis.record import UNKNOWN, Diagnosis
-from rocm_yolo.diagnosis.vocabulary import COLLECTIVE, GPU_HANG, LOADER
+from rocm_yolo.diagnosis.classes import COLLECTIVE, GPU_HANG, LOADER, UNKNOWN
+from rocm_yolo.diagnosis.record import Diagnosis
 
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+ in (\S+)')
 _SECTION = re.compile(r"^===== pid (\d+) \((\w+), [^)]*\)", re.M)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-UNKNOWN = "unknown"
-
 
 @dataclass(frozen=True)
 class Evidence:
@@ -34,7 +32,7 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    cls: str  # one of CLASSES
+    cls: str  # the name of one of classes.CLASSES
     title: str  # what rocm-yolo's line calls it: "GPU memory access fault (page not present)"
     signature: str  # what makes two failures the same ("" for a death without a word: never the same)
     evidence: tuple[str, ...] = ()  # the lines that decided it

@@ -1,30 +1,24 @@
 """What the watchdog does about a failure, by its class: the remedy, and when to stop instead (with a verdict).
 
 Policy, and pure: :func:`decide` reads the failure just diagnosed, the failures before it in this run, and a
-:class:`Context` of facts (the GPUs, the batch, the free VRAM), and returns a :class:`Decision`:
+:class:`Context` of facts (the GPUs, the batch, the free VRAM), and returns a :class:`Decision`. Each class's record
+(:data:`.classes.CLASSES`) says its remedy, the remedy when its evidence is weak, and the exit code its stops give
+(docs/watchdog.md's table is :func:`.classes.docs_table`):
 
-==================  ==========================================================  ===================================
-class               remedy                                                      stops with
-==================  ==========================================================  ===================================
-loader, unknown     the next profile of the ladder (``--fallback``)             1 when the restarts run out
-host-oom            the next profile of the ladder (``safe``: fewer workers)    4 the same twice at the same place
-gpu-fault, gpu-hang the same profile, once the GPU is released, once            4 on the second, with known fixes
-collective          the same profile with ``NCCL_P2P_DISABLE=1``, once; with     4 on the second, with known fixes
-                    ``NCCL_SHM_DISABLE=1`` when /dev/shm had no room
-gpu-oom             none: the same batch would fail again                       4 at once, with a smaller batch
-environment         none: the software cannot run on this card                  4 at once, with the fix for the card
-training-error,     the same profile (the loader is not the cause)              5 the same twice at the same place
-data-error
-==================  ==========================================================  ===================================
+- ``ladder``: the next profile of the ladder (``--fallback``); ``same``: the same profile; ``p2p-off``: the same
+  profile with ``NCCL_P2P_DISABLE=1`` once (``NCCL_SHM_DISABLE=1`` when /dev/shm had no room); ``stop``: none, the
+  run stops at once with a verdict (GPU out of memory: a smaller batch; the environment: the fix for the card);
+- a GPU fault or hang (``gpu_side``) restarts once the GPU is released, once: the second stops, with known fixes;
+  a collective's second failure stops too.
 
 Whatever the class, the same failure (class and signature) twice at the same place (epoch, phase, batch) in two
-attempts in a row, after a remedy for it, stops the run: exit 4 for a cause in the environment (the GPU, its
-memory, the host's memory, the links between the GPUs, the software), else 5 (:data:`rocm_yolo.errors.SAME_FAILURE`),
-so that a scheduler does not requeue it.
+attempts in a row, after a remedy for it, stops the run: with its class's exit code, 4 for a cause in the
+environment (the GPU, its memory, the host's memory, the links between the GPUs, the software), else 5
+(:data:`rocm_yolo.errors.SAME_FAILURE`), so that a scheduler does not requeue it.
 
 **A stop needs evidence of the failure's own.** A diagnosis read from context alone (``weak``) gets the remedy
-that retries (the same profile for a GPU or environment class, else the ladder) and never stops the run, nor
-counts toward a later stop; a death by a signal with no word has no signature, so it is never "the same failure".
+that retries (its class's ``weak_remedy``) and never stops the run, nor counts toward a later stop; a death by a
+signal with no word has no signature, so it is never "the same failure".
 """
 
 from __future__ import annotations
@@ -32,38 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from rocm_yolo import errors
-from rocm_yolo.diagnosis.diagnose import GPU_CLASSES
-from rocm_yolo.diagnosis.record import UNKNOWN, Diagnosis
-from rocm_yolo.diagnosis.vocabulary import (
-    COLLECTIVE,
-    DATA_ERROR,
-    ENVIRONMENT,
-    GPU_FAULT,
-    GPU_HANG,
-    GPU_OOM,
-    HOST_OOM,
-    LOADER,
-    NCCL_SHM,
-    TRAINING_ERROR,
-)
+from rocm_yolo.diagnosis import classes
+from rocm_yolo.diagnosis.classes import COLLECTIVE, ENVIRONMENT, GPU_OOM, HOST_OOM, P2P_OFF, STOP
+from rocm_yolo.diagnosis.record import Diagnosis
+from rocm_yolo.diagnosis.vocabulary import NCCL_SHM
 from rocm_yolo.gpu import known_fixes
 from rocm_yolo.run.supervisor_state import Failure
 
-LADDER, SAME, P2P_OFF, STOP = "ladder", "same", "p2p-off", "stop"
-REMEDY = {
-    ENVIRONMENT: STOP,
-    LOADER: LADDER,
-    UNKNOWN: LADDER,
-    HOST_OOM: LADDER,
-    GPU_FAULT: SAME,
-    GPU_HANG: SAME,
-    COLLECTIVE: P2P_OFF,
-    GPU_OOM: STOP,
-    TRAINING_ERROR: SAME,
-    DATA_ERROR: SAME,
-}
-ENVIRONMENT_CLASSES = (GPU_FAULT, GPU_HANG, GPU_OOM, HOST_OOM, COLLECTIVE, ENVIRONMENT)  # their stops exit 4
 P2P_VARIABLE = "NCCL_P2P_DISABLE"
 SHM_VARIABLE = "NCCL_SHM_DISABLE"  # a collective that failed for room in /dev/shm: its transport, not P2P
 SAFETY = 0.8  # of the memory a smaller batch may plan to use
@@ -125,10 +94,11 @@ def _same(a: Failure, b: Failure) -> bool:
 
 
 def _retry(cls: str) -> Decision:
-    """What a weak diagnosis gets: the remedy that retries."""
-    if cls == COLLECTIVE:
+    """What a weak diagnosis gets: the remedy that retries (its class's ``weak_remedy``)."""
+    action = classes.of(cls).weak_remedy
+    if action == P2P_OFF:
         return Decision(P2P_OFF, env={P2P_VARIABLE: "1"}, reason=f"with {P2P_VARIABLE}=1 (a guess: {_P2P_WHY})")
-    return Decision(SAME if cls in (*GPU_CLASSES, GPU_OOM, ENVIRONMENT) else LADDER)
+    return Decision(action)
 
 
 _P2P_WHY = f"RCCL's peer-to-peer off: {known_fixes.P2P_OFF.source}"
@@ -148,38 +118,39 @@ def decide(failure: Failure, diagnosis: Diagnosis, previous: list[Failure], cont
     if diagnosis.weak:
         return _retry(cls)
     previous = [p for p in previous if not p.weak]  # what context suggested counts toward no stop
-    env_code = errors.SETUP if cls in ENVIRONMENT_CLASSES else errors.SAME_FAILURE
+    record = classes.of(cls)
     if previous and _same(previous[-1], failure):
         return Decision(
-            STOP, env_code, f"the same failure twice at {place(failure)}: not retrying", verdict(diagnosis, context)
-        )
-    if cls == GPU_OOM:
-        return Decision(STOP, errors.SETUP, oom_advice(diagnosis, context), verdict(diagnosis, context))
-    if cls == ENVIRONMENT:
-        return Decision(
             STOP,
-            errors.SETUP,
-            f"{diagnosis.title}: a restart would meet it again; not retrying",
+            record.stop_exit,
+            f"the same failure twice at {place(failure)}: not retrying",
             verdict(diagnosis, context),
         )
-    if cls in GPU_CLASSES and any(p.cls in GPU_CLASSES for p in previous):
+    if record.remedy == STOP:
+        said = (
+            oom_advice(diagnosis, context)
+            if cls == GPU_OOM
+            else f"{diagnosis.title}: a restart would meet it again; not retrying"
+        )
+        return Decision(STOP, record.stop_exit, said, verdict(diagnosis, context))
+    if record.gpu_side and any(classes.of(p.cls).gpu_side for p in previous):
         return Decision(
             STOP,
-            errors.SETUP,
+            record.stop_exit,
             f"{diagnosis.title} at {place(failure)}, the second GPU failure of this run: not retrying",
             verdict(diagnosis, context),
         )
-    if cls == COLLECTIVE:
+    if record.remedy == P2P_OFF:
         variable, why = _collective_variable(diagnosis)
-        if any(p.cls == COLLECTIVE for p in previous):
+        if any(p.cls == cls for p in previous):
             return Decision(
                 STOP,
-                errors.SETUP,
+                record.stop_exit,
                 f"a collective failed again at {place(failure)}, with {variable}=1: not retrying",
                 verdict(diagnosis, context),
             )
         return Decision(P2P_OFF, env={variable: "1"}, reason=f"with {variable}=1 ({why})")
-    return Decision(REMEDY.get(cls, LADDER))
+    return Decision(record.remedy)
 
 
 def verdict(diagnosis: Diagnosis, context: Context) -> tuple[str, ...]:
@@ -189,7 +160,7 @@ def verdict(diagnosis: Diagnosis, context: Context) -> tuple[str, ...]:
     if diagnosis.cls == ENVIRONMENT:
         fixes = known_fixes.environment_fixes(list(context.archs), context.env, miopen=miopen, amp=context.amp)
         return (f"what makes the software run{cards}:", *(f"  - {f.line()}" for f in fixes))
-    if diagnosis.cls in GPU_CLASSES:
+    if classes.of(diagnosis.cls).gpu_side:
         fixes = known_fixes.gpu_failure_fixes(
             list(context.archs),
             context.env,
