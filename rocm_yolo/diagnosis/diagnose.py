@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import signal
 
-from rocm_yolo.diagnosis import hangs, vocabulary
+from rocm_yolo.diagnosis import beyond, hangs, vocabulary
 from rocm_yolo.diagnosis.classes import (
     COLLECTIVE,
     DATA_ERROR,
@@ -35,7 +35,7 @@ from rocm_yolo.diagnosis.classes import (
     UNKNOWN,
 )
 from rocm_yolo.diagnosis.record import Diagnosis, Evidence
-from rocm_yolo.diagnosis.vocabulary import Word
+from rocm_yolo.diagnosis.vocabulary import Word, last_exception
 from rocm_yolo.gpu.kernel_log import OOM, kinds, victims
 from rocm_yolo.process.lifecycle import signal_name
 
@@ -98,19 +98,6 @@ def _reason(text: str) -> str:
     }
     key = text.strip().rstrip(".").lower()
     return short.get(key, key or "no reason given")
-
-
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::(?:\s.*)?)?$")  # "torch.OutOfMemoryError: ..."
-
-
-def last_exception(traceback: str) -> str:
-    """The traceback's final ``Type: message`` line (a warning's ``path.py:55: UserWarning: ...`` is none)."""
-    lines = [
-        x
-        for x in vocabulary.clean(traceback).splitlines()
-        if x.strip() and not x.startswith((" ", "\t", "Traceback", "During", "The ", "^")) and _EXCEPTION_LINE.match(x)
-    ]
-    return lines[-1].strip() if lines else ""
 
 
 def _how(code: int | None) -> str:
@@ -212,8 +199,14 @@ def _signal_death(e: Evidence, killed: tuple[int, int] | None) -> Diagnosis:
     """A death by a signal (the attempt's, or its first rank's) with no word of the process about it."""
     code = killed[1] if killed else e.exit_code
     how = (f"rank {killed[0]} " if killed else "training process ") + _how(code)
+    if code == -signal.SIGKILL and e.cgroup_kills == 0:  # counted, and none: not the kernel's OOM killer
+        title = f"{how}, no evidence of the cause (the run's cgroup counted no OOM kill during the attempt)"
+        return Diagnosis(UNKNOWN, title, "", (how, e.cgroup_source), {}, False, beyond.CGROUP_NONE)
     if code == -signal.SIGKILL and not e.kernel_readable:
-        title = f"{how}; probably host out of memory (the kernel's OOM killer sends SIGKILL; the {e.kernel_source})"
+        cgroup = f"; the {e.cgroup_source}" if e.cgroup_source else ""
+        title = (
+            f"{how}; probably host out of memory (the kernel's OOM killer sends SIGKILL; the {e.kernel_source}{cgroup})"
+        )
         return Diagnosis(HOST_OOM, title, "", (how,), {}, True, "SIGKILL with no word: the OOM killer's signal")
     if code == -signal.SIGKILL:
         title = f"{how}, no evidence of the cause (the kernel log has no OOM-killer line of the run's processes)"
@@ -226,6 +219,8 @@ def _sigkill_note(e: Evidence, line: str) -> str:
     """For a worker killed by SIGKILL: who usually sends it, and what the kernel log said of it."""
     if not re.search(r"killed by signal: Killed|killed by SIGKILL", line):
         return ""
+    if e.cgroup_kills == 0:
+        return "; the run's cgroup counted no OOM kill during the attempt: not the kernel's out-of-memory killer"
     if not e.kernel_readable:
         seen = f"the {e.kernel_source} to confirm it: see `dmesg` or `journalctl -k`"
     else:
@@ -261,7 +256,8 @@ def _crash(e: Evidence) -> Diagnosis:
     text = vocabulary.clean(f"{e.stderr}\n{e.traceback}")
     found = vocabulary.first(text)
     killed = _rank_killed(e)
-    from_kernel = _kernel(e.kernel, e, weak=False)
+    # the kernel's word of the run (its log's lines, its cgroup's count of OOM kills) explains a death by SIGKILL
+    from_kernel = _kernel(e.kernel, e, weak=False) or beyond.oom_counted(e, beyond.sigkilled(e, text, killed))
     # a worker's death or a collective's failure is what the kernel's word of the run explains (its OOM killer, a
     # GPU hang); on several GPUs, what the other ranks say after one was killed by a signal is its consequence
     consequence = found is not None and found[0].cls in (COLLECTIVE, LOADER)
@@ -301,11 +297,14 @@ def _hang(e: Evidence) -> Diagnosis:
     from_stacks = hangs.from_stacks(e.stacks, multi_gpu=e.multi_gpu, on_gpu=e.on_gpu) or hangs.from_traceback(text)
     if from_stacks is not None and from_stacks.cls in (LOADER, COLLECTIVE):
         return from_stacks
+    from_threads = hangs.from_threads(e.threads, e.workers)  # where the kernel says the trainer's main thread waits
+    if from_threads is not None:
+        return from_threads
     if found is not None:
         return _from_word(*found, text, weak=False)
     if from_stacks is not None:
         return from_stacks
-    return hangs.nowhere(e.stacks)
+    return hangs.nowhere(e.stacks, e.threads)
 
 
 def _context(e: Evidence, found: Diagnosis) -> Diagnosis:
@@ -339,4 +338,5 @@ def _with_title(d: Diagnosis, title: str) -> Diagnosis:
 def diagnose(e: Evidence) -> Diagnosis:
     """The class of the failure ``e`` describes, with the lines that decided it and why."""
     found = _hang(e) if e.failure == "hang" else _crash(e)
+    found = beyond.from_override(e, beyond.from_labels(e, found))  # what the text cannot decide, the machine may
     return _context(e, found) if found.cls == UNKNOWN and not found.signature else found

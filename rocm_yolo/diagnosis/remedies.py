@@ -53,6 +53,11 @@ class Context:
     vram_free: int | None = None  # bytes free on the card once the run released it (sysfs)
     kernel_kinds: frozenset = frozenset()  # what the kernel log said in the failure's window
     amp: object = True  # the run's amp setting (the gfx101x presets turn it off)
+    memory_limit: int | None = None  # host-oom: bytes the run's cgroup allows (None: no limit, or unreadable)
+    memory_total: int | None = None  # host-oom: the machine's memory (/proc/meminfo)
+    cache_bytes: int | None = None  # host-oom with cache=ram: what Ultralytics' image cache holds (an estimate)
+    workers: int | None = None  # host-oom: the attempt's DataLoader workers (train; validation has as many again)
+    prefetch: int = 4  # batches each worker holds in flight (Ultralytics' prefetch_factor for training)
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,8 @@ def decide(failure: Failure, diagnosis: Diagnosis, previous: list[Failure], cont
                 verdict(diagnosis, context),
             )
         return Decision(P2P_OFF, env={variable: "1"}, reason=f"with {variable}=1 ({why})")
+    if cls == HOST_OOM:  # the ladder, and what takes the memory
+        return Decision(record.remedy, reason=host_memory(diagnosis, context))
     return Decision(record.remedy)
 
 
@@ -159,6 +166,8 @@ def verdict(diagnosis: Diagnosis, context: Context) -> tuple[str, ...]:
     miopen = "MIOpen" in str(diagnosis.detail.get("word", ""))
     if diagnosis.cls == ENVIRONMENT:
         fixes = known_fixes.environment_fixes(list(context.archs), context.env, miopen=miopen, amp=context.amp)
+        if "override" in diagnosis.detail:  # the override is the cause: its fix first, the card's torch after
+            fixes = [known_fixes.override_fix(diagnosis.detail["card"], diagnosis.detail["override"]), *fixes]
         return (f"what makes the software run{cards}:", *(f"  - {f.line()}" for f in fixes))
     if classes.of(diagnosis.cls).gpu_side:
         fixes = known_fixes.gpu_failure_fixes(
@@ -181,8 +190,37 @@ def verdict(diagnosis: Diagnosis, context: Context) -> tuple[str, ...]:
             f"  - {f.line()}" for f in known_fixes.collective_fixes(p2p_off=p2p)
         )
     if diagnosis.cls == HOST_OOM:
-        return ("fewer workers (--workers N, or --profile safe), cache=False, or a smaller --batch",)
+        return (
+            "fewer workers (--workers N, or --profile safe), cache=False, or a smaller --batch",
+            f"what takes the host's memory: {host_memory(diagnosis, context)}",
+        )
     return ()
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def host_memory(diagnosis: Diagnosis, context: Context) -> str:
+    """Host out of memory: how much the run's cgroup allows, and what ``cache=ram``, the workers and the batch cost
+    (Ultralytics' uint8 images of 3 x imgsz x imgsz: its image cache, the batches its workers hold in flight)."""
+    limit = diagnosis.detail.get("limit") or context.memory_limit
+    machine = f" (the machine has {_size(context.memory_total)})" if context.memory_total else ""
+    parts = [f"the run's cgroup allows {_size(limit)}{machine}" if limit else f"no cgroup limit known{machine}"]
+    batch, imgsz = context.batch, context.imgsz
+    sized = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (batch, imgsz))
+    if context.cache_bytes:
+        cache = _size(context.cache_bytes)
+        parts.append(f"cache=ram holds about {cache} of decoded images (cache=disk or cache=False frees it)")
+    if sized and context.workers:
+        held = context.workers * context.prefetch * batch * 3 * imgsz * imgsz
+        parts.append(
+            f"{context.workers} DataLoader workers hold {context.prefetch} batches each in flight: about {_size(held)} "
+            "(validation's loader more), besides each worker's own memory (fewer --workers, or --profile safe)"
+        )
+    if sized:
+        parts.append(f"batch {batch} at imgsz {imgsz}: {_size(batch * 3 * imgsz * imgsz * 4)} of float images a step")
+    return "; ".join(parts)
 
 
 def smaller_batch(batch: int, gpus: int, sizes: Mapping[str, int], vram_free: int | None) -> int | None:

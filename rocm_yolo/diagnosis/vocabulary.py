@@ -347,3 +347,16 @@ def first(text: str, words: tuple[Word, ...] = WORDS) -> tuple[Word, str] | None
             end = text.find("\n", m.end())
             return word, text[text.rfind("\n", 0, m.start()) + 1 : end if end >= 0 else len(text)].strip()
     return None
+
+
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::(?:\s.*)?)?$")  # "torch.OutOfMemoryError: ..."
+
+
+def last_exception(traceback: str) -> str:
+    """The traceback's final ``Type: message`` line (a warning's ``path.py:55: UserWarning: ...`` is none)."""
+    lines = [
+        x
+        for x in clean(traceback).splitlines()
+        if x.strip() and not x.startswith((" ", "\t", "Traceback", "During", "The ", "^")) and _EXCEPTION_LINE.match(x)
+    ]
+    return lines[-1].strip() if lines else ""

@@ -30,7 +30,7 @@ from rocm_yolo.gpu.release import Release, wait_released
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.spec import RunSpec
-from rocm_yolo.run.supervisor_state import Failure, Recovery, State, read_state, write_state
+from rocm_yolo.run.supervisor_state import Failure, Recovery, State, Still, read_state, write_state
 from rocm_yolo.supervisor import restart
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.failed import diagnose_end, hang_of
@@ -223,6 +223,8 @@ class Supervisor:
             how = f"on the same profile '{spec.profile}' ({failure.cls}: the loader is not the cause)"
         if action == P2P_OFF:
             how = f"on the same profile '{spec.profile}' {self.decision.reason}"
+        elif action == LADDER and self.decision is not None and self.decision.reason:
+            how += f" ({self.decision.reason})"  # host memory: what takes it
         self.reporter.event(
             "restart",
             f"restart {self.config.max_restarts - restarts_left}/{self.config.max_restarts} {how}"
@@ -260,6 +262,10 @@ class Supervisor:
             if first:
                 self._note_recovered(now, spec, child.pid, hb)
 
+        def still(pids: list[int], since: float | None, stopped: bool) -> None:  # status says it
+            self.result.still = Still(since, stopped, pids or None) if since is not None else None
+            self._write_state(State.RUNNING, spec, child_pid=child.pid)
+
         return Watch(
             child,
             spec,
@@ -271,6 +277,7 @@ class Supervisor:
             tick=self.reporter.tick,
             startup=self.startup,
             on_progress=progress,
+            on_still=still,
         ).run()
 
     def _heard(self, hb: Heartbeat | None) -> None:

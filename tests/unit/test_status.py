@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -273,3 +274,34 @@ def test_a_multi_node_run_shows_the_runs_resume_once(tmp_path):
     checkpoint(RunPaths(node0.run_dir).last, 1)
     text = status.render(status.collect(node0.run_dir, now=NOW))
     assert "node 1:" in text and text.count("resume:") == 1 and "resume:    from the start of epoch 3/3" in text
+
+
+def test_a_trainer_stopped_from_outside_or_a_start_up_that_does_not_move_is_said_with_how_long(tmp_path):
+    """Issue 44: 'running, heartbeat 562 s ago' with no word of a stopped process is what status said before."""
+    paths = write_run(tmp_path, age=40)
+    record = json.loads(paths.supervisor.read_text())
+    record["still"] = {"since": NOW - 35, "stopped": False, "pids": None}
+    paths.supervisor.write_text(json.dumps(record))
+    text = status.render(status.collect(paths.run_dir, now=NOW))
+    assert "trainer:   its start-up has not moved (CPU time, I/O) for 35 s" in text
+    trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(trainer.pid, signal.SIGSTOP)
+        record.update(child_pid=trainer.pid, still={"since": NOW - 12, "stopped": True, "pids": [trainer.pid]})
+        paths.supervisor.write_text(json.dumps(record))
+        info = status.collect(paths.run_dir, now=NOW)
+        assert info["stopped"] and info["still_seconds"] == 12
+        assert (
+            "trainer:   stopped (state T: a SIGSTOP or a debugger, not rocm-yolo's Ctrl-Z) for 12 s"
+            in status.render(info)
+        )
+        record.update(supervisor_pid=trainer.pid, still=None)  # the supervisor stopped too: Ctrl-Z, job control
+        paths.supervisor.write_text(json.dumps(record))
+        said = status.render(status.collect(paths.run_dir, now=NOW))
+        assert "stopped with its supervisor (Ctrl-Z)" in said and "not rocm-yolo's" not in said
+    finally:
+        trainer.kill()
+        trainer.wait()
+    record.update(supervisor_pid=os.getpid(), still=None)
+    paths.supervisor.write_text(json.dumps(record))
+    assert "trainer:" not in status.render(status.collect(paths.run_dir, now=NOW))  # gone, or moving: nothing to say
