@@ -219,12 +219,12 @@ def _sigkill_note(e: Evidence, line: str) -> str:
     """For a worker killed by SIGKILL: who usually sends it, and what the kernel log said of it."""
     if not re.search(r"killed by signal: Killed|killed by SIGKILL", line):
         return ""
-    if e.cgroup_kills == 0:
-        return "; the run's cgroup counted no OOM kill during the attempt: not the kernel's out-of-memory killer"
     if not e.kernel_readable:
         seen = f"the {e.kernel_source} to confirm it: see `dmesg` or `journalctl -k`"
     else:
         seen = "the kernel log has no OOM-killer line of the run's processes"
+    if e.cgroup_kills == 0:  # counted, and none
+        seen += "; the run's cgroup counted no OOM kill during the attempt: not the kernel's"
     return f"; SIGKILL usually comes from the kernel's out-of-memory killer ({seen})"
 
 

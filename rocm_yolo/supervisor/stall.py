@@ -133,12 +133,11 @@ class StallDetector:
 
     def why_still(self, now: float) -> str:
         """What the kernel said of a start-up found :meth:`still`: for the hang line."""
-        stopped = ", ".join(f"pid {p} ({'stopped' if s == 'T' else 'tracing-stop'})" for p, s in self.stopped.items())
-        said = f"; stopped from outside (not rocm-yolo's Ctrl-Z): {stopped}" if stopped else ""
-        return (
-            f"its processes have not moved (CPU time, I/O) for {self.still_for(now):.0f} s{said}: the start-up "
-            f"allowance ({self.startup:.0f} s) is for a start-up that moves"
-        )
+        said = f"its processes have not moved (CPU time, I/O) for {self.still_for(now):.0f} s"
+        if self.stopped:
+            pids = ", ".join(str(p) for p in self.stopped)
+            said += f" and pid {pids} {'is' if len(self.stopped) == 1 else 'are'} stopped (not by rocm-yolo's Ctrl-Z)"
+        return f"{said}: the {self.startup:.0f} s start-up allowance is for a start-up that moves"
 
 
 def _moved(before: dict[int, ProcessMove], now: dict[int, ProcessMove]) -> bool:

@@ -224,7 +224,7 @@ class Watch:
         stalled = detector.stalled_for(now)
         detected = time.time()
         if detector.still(now) and stalled <= detector.timeout():  # a start-up that does not move
-            self.log.info(f"no progress for {stalled:.0f} s at {at}, and {detector.why_still(now)}: hang")
+            self.log.info(f"no progress for {stalled:.0f} s at {at}; {detector.why_still(now)}: hang")
         else:
             self.log.info(f"no progress for {stalled:.0f} s (timeout {detector.timeout():.0f} s) at {at}: hang")
         threads = child.threads()  # where each thread waits, before the stack dump's signals and the kill
