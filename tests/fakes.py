@@ -175,3 +175,27 @@ def supervise(spec, children, clock: Clock, config, **kw):
     """Run a :func:`supervisor` to its end: (the result, the specs of its attempts)."""
     made: list = []
     return supervisor(spec, children, clock, config, made, **kw).run(), made
+
+
+def suspended(spec, child, clock: Clock, config, at: float, seconds: float) -> Supervisor:
+    """A supervisor of ``child`` that gets Ctrl-Z at clock time ``at`` and is continued ``seconds`` later (its
+    ``stop_self`` stands for the shell's job control: the clock runs on while it is stopped)."""
+
+    def stop_self():
+        clock.now += seconds
+
+    def sleep(dt):
+        clock.sleep(dt)
+        if clock.now == at:
+            sup.signals.suspend_requested = True
+
+    sup = Supervisor(
+        spec,
+        config,
+        child_factory=lambda s, c: child,
+        clock=clock,
+        sleep=sleep,
+        log=RunLog(stream=open(os.devnull, "w")),
+        stop_self=stop_self,
+    )
+    return sup

@@ -47,6 +47,19 @@ class FailureClass:
     ladder_harms: bool = False  # a lighter loader cannot cure it: the loader ladder wastes the restarts
 
 
+def _gpu(name: str, title: str, what: str) -> FailureClass:
+    """A failure of the GPU itself: the same profile once the GPU is released, once; the second one stops."""
+    return FailureClass(
+        name, title, what, SAME, SAME, errors.SETUP, _GPU_DOES, _GPU_STOPS, gpu_side=True, gpu_runtime=True,
+        ladder_harms=True,
+    )  # fmt: skip
+
+
+_GPU_DOES = "the same profile (the loader is not the cause), once the GPU is released, once"
+_GPU_STOPS = (
+    "on the second GPU failure, with a verdict: the fault, where, the known fixes for the card with their sources"
+)
+
 CLASSES: tuple[FailureClass, ...] = (
     FailureClass(
         LOADER,
@@ -59,31 +72,15 @@ CLASSES: tuple[FailureClass, ...] = (
         "for the same twice at the same place",
         stop_harms=True,
     ),
-    FailureClass(
+    _gpu(
         GPU_HANG,
         "GPU hang",
         "the GPU runtime's hang, amdgpu's ring timeout or reset of the attempt's card, the trainer stuck in GPU work",
-        SAME,
-        SAME,
-        errors.SETUP,
-        "the same profile (the loader is not the cause), once the GPU is released, once",
-        "on the second GPU failure, with a verdict: the fault, where, the known fixes for the card with their sources",
-        gpu_side=True,
-        gpu_runtime=True,
-        ladder_harms=True,
     ),
-    FailureClass(
+    _gpu(
         GPU_FAULT,
         "GPU error",
         "the GPU runtime's fault (its abort texts, HIP's errors, amdgpu's page fault of the attempt's process or card)",
-        SAME,
-        SAME,
-        errors.SETUP,
-        "the same profile (the loader is not the cause), once the GPU is released, once",
-        "on the second GPU failure, with a verdict: the fault, where, the known fixes for the card with their sources",
-        gpu_side=True,
-        gpu_runtime=True,
-        ladder_harms=True,
     ),
     FailureClass(
         GPU_OOM,

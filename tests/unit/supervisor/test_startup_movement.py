@@ -114,33 +114,10 @@ def test_a_still_start_up_is_told_for_status_and_ends_as_a_hang(spec):
 def test_the_supervisors_own_ctrl_z_during_a_start_up_is_no_time_without_movement(spec):
     """Ctrl-Z stops the tree with the supervisor (job control): the time stopped is no hang, nor is the tree's stop
     then a stop from outside; a start-up that moves again after it keeps its allowance."""
-    import os
-
-    from rocm_yolo.run.events import RunLog
-    from rocm_yolo.supervisor.loop import Supervisor
-
     clock = Clock()
     moves = moving(50, stop_at=40)  # moving until 40 s, then still; the Ctrl-Z at 50 s stops it for 1000 s
     # after the continue, still for 45 s more (55 s in all without the 1000 s stopped), then moving again
     moves.update({float(t): {100: ProcessMove(1, "S", 40.0 + max(t - 1095, 0), 0)} for t in range(1050, 1200)})
     child = ScriptedChild(clock, {1150: beat(1, batch=1, batches_total=1)}, exit_at=1160, moves=moves)
-
-    def stop_self():
-        clock.now += 1000
-
-    def sleep(dt):
-        clock.sleep(dt)
-        if clock.now == 50:
-            sup.signals.suspend_requested = True
-
-    sup = Supervisor(
-        spec,
-        CONFIG,
-        child_factory=lambda s, c: child,
-        clock=clock,
-        sleep=sleep,
-        log=RunLog(stream=open(os.devnull, "w")),
-        stop_self=stop_self,
-    )
-    result = sup.run()
+    result = fakes.suspended(spec, child, clock, CONFIG, at=50, seconds=1000).run()
     assert result.exit_code == errors.OK and result.hangs == []
