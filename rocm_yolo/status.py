@@ -21,6 +21,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import psutil
+
 from rocm_yolo import errors
 from rocm_yolo.errors import UsageError
 from rocm_yolo.launch.resume_target import resume_point
@@ -160,8 +162,8 @@ def _trainer(sup: SupervisorState | None, now: float) -> dict:
     if sup is not None and sup.still is not None:
         found["still_seconds"] = round(max(now - sup.still.since, 0.0), 1)
         found["stopped"] = sup.still.stopped
-    if sup is None or not sup.child_pid:
-        return found
+    if sup is None or not sup.child_pid or not _child_of(sup.child_pid, sup.supervisor_pid):
+        return found  # no trainer here (another machine's node, or gone): its record alone
     read = kernel_view.movement([sup.child_pid, sup.supervisor_pid])
     trainer, supervisor = read.get(sup.child_pid), read.get(sup.supervisor_pid)
     if supervisor is not None and supervisor.state in kernel_view.STOPPED:
@@ -169,6 +171,14 @@ def _trainer(sup: SupervisorState | None, now: float) -> dict:
     elif trainer is not None and trainer.state in kernel_view.STOPPED:
         found["stopped"], found["trainer_state"] = True, trainer.state
     return found
+
+
+def _child_of(pid: int, parent: int) -> bool:
+    """Whether ``pid`` runs here as ``parent``'s child (a pid of another machine's node is not this one's)."""
+    try:
+        return psutil.Process(pid).ppid() == parent
+    except psutil.Error:
+        return False
 
 
 def _spec_of(paths: RunPaths, attempt: int | None) -> RunSpec | None:

@@ -196,7 +196,7 @@ class TrainerProcess:
     def threads(self) -> tuple[ThreadView, ...]:
         stacks = self.spec.paths.stacks
         roles = {p: "trainer" if p == self.pid else tree.role_of(stacks, p) for p in self.pids()}
-        return kernel_view.threads(roles, roles, self.config.proc_root)
+        return kernel_view.threads(list(roles), roles, self.config.proc_root)
 
     def movement(self) -> dict[int, ProcessMove] | None:
         found = kernel_view.movement(self.pids(), self.config.proc_root)
