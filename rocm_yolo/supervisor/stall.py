@@ -21,7 +21,7 @@ STOPPING, FINISHED = "stopping", "finished"
 # moved (a process that starts moves too): imports, a data set's scan and its cache do, a process stopped or stuck
 # in the kernel (a driver's first ioctl, an NFS mount gone away) does not.
 MOVE_CPU = 0.5  # seconds
-MOVE_IO = 1 << 20  # bytes
+MOVE_IO = 64 << 10  # bytes (a slow download moves too)
 
 
 class StallDetector:

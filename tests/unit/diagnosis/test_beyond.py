@@ -183,3 +183,14 @@ def test_host_memory_says_what_the_cgroup_allows_and_what_cache_workers_and_batc
     assert "about 600 MiB" in said and "batch 16 at imgsz 640" in said
     failure = Failure(1, "crash", d.cls, d.title, d.signature, 1, 2, "train", 0.0)
     assert decide(failure, d, [], context).reason == said  # said with the restart down the ladder
+
+
+def test_on_several_gpus_a_rank_killed_by_sigkill_the_cgroup_counted_is_host_memory():
+    launcher = (
+        "Root Cause (first observed failure):\n[0]:\n  time      : 2026-11-25_07:25:15\n"
+        "  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 4251)\n  error_file: <N/A>\n"
+    )
+    peer = 'Traceback (most recent call last):\n  File "/x/t.py", line 1, in f\nRuntimeError: Connection closed by peer'
+    e = crash(exit_code=1, traceback=peer, launcher=launcher, multi_gpu=True, cgroup_kills=1, cgroup_source="cg")
+    d = diagnose(e)
+    assert d.cls == HOST_OOM and not d.weak and d.evidence[0] == "rank 1 killed by SIGKILL"

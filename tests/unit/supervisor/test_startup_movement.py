@@ -47,6 +47,7 @@ def test_a_start_up_that_does_not_move_is_a_hang_after_the_stall_timeout():
 def test_io_and_a_new_process_are_movement_and_a_reused_pid_is_another_process():
     det = StallDetector(CONFIG, now=0.0)
     det.observe_movement({100: ProcessMove(1, "S", 1.0, 0)}, 0.0)
+    assert not det.observe_movement({100: ProcessMove(1, "S", 1.2, 1 << 10)}, 10.0)  # a tick and a KiB: noise
     assert det.observe_movement({100: ProcessMove(1, "S", 1.0, 2 << 20)}, 50.0)  # 2 MiB read: a scan, a cache
     assert det.observe_movement({100: ProcessMove(1, "S", 1.0, 2 << 20), 101: ProcessMove(5, "S", 0, 0)}, 100.0)
     assert det.observe_movement({100: ProcessMove(1, "S", 1.0, 2 << 20), 101: ProcessMove(9, "S", 0, 0)}, 150.0)
