@@ -1,9 +1,11 @@
-"""A soak of real faults: one run, N random faults from outside, each while it trains; what each one costs.
+"""A soak of real faults: one run, N random faults from outside, at any moment, start-up included; what each costs.
 
 Trains the demo set for ``--epochs`` epochs twice: once untouched, then with ``--faults`` random real faults,
 each a signal (SIGKILL, SIGSEGV or SIGSTOP) into a random one of the trainer, its fork server or a DataLoader
-worker, sent while the run trains (the heartbeat shows batches going on), the next one once the run trains again
-after the last (or after ``--gap`` seconds if it shrugged it off: a stopped fork server nobody asks for a worker).
+worker, sent while the run trains (the heartbeat shows batches going on) or, for a share ``--startup-share`` of
+them, while an attempt starts up (its trainer imports torch, checks the data, builds the loaders: no trained batch
+yet), into the trainer or its fork server; the next one once a later attempt has started (or after ``--gap``
+seconds if the run shrugged it off: a stopped fork server nobody asks for a worker).
 Both runs use ``--stall-timeout`` and ``--checkpoint-every`` (the issue's: 15 s, every 4 batches) and many
 restarts. It checks that the faulted run finishes with every epoch once (results.csv) and nothing left running,
 and reports the time each fault cost: (faulted - untouched) / faults, and how each was diagnosed and recovered.
@@ -12,6 +14,7 @@ Not a test: run it by hand and put its table in docs/watchdog.md.
 
     python benchmarks/bench_soak.py                        # 10 faults in 12 epochs: about 8 minutes on 2 cores
     python benchmarks/bench_soak.py --faults 3 --epochs 4  # a short one
+    python benchmarks/bench_soak.py --faults 4 --epochs 4 --startup-share 1  # every fault during a start-up
 """
 
 from __future__ import annotations
@@ -77,14 +80,39 @@ def _ppid(p: psutil.Process) -> int | None:
 
 
 def training(run: Path, since_seq: int = -1) -> tuple[bool, int, int]:
-    """(trains now, the heartbeat's seq, its attempt): batches going on in epoch >= 1."""
+    """(trains now, the heartbeat's seq, its attempt): batches going on in epoch >= 1, in the current attempt (the
+    heartbeat file of an attempt that failed stays until the next one writes its own)."""
     from rocm_yolo.run import heartbeat
     from rocm_yolo.run.paths import RunPaths
+    from rocm_yolo.run.supervisor_state import read_state
 
-    hb = heartbeat.read(RunPaths(run).heartbeat)
-    if hb is None:
+    hb, state = heartbeat.read(RunPaths(run).heartbeat), read_state(RunPaths(run))
+    if hb is None or state is None or hb.attempt != state.attempt:
         return False, -1, 0
     return hb.phase == "train" and hb.batches_total > 0 and hb.seq > since_seq, hb.seq, hb.attempt
+
+
+def starting(run: Path) -> int | None:
+    """The attempt that is starting up now (its trainer runs, and has trained no batch yet), or None."""
+    from rocm_yolo.run import heartbeat
+    from rocm_yolo.run.paths import RunPaths
+    from rocm_yolo.run.supervisor_state import read_state
+
+    state = read_state(RunPaths(run))
+    if state is None or state.child_pid is None or not psutil.pid_exists(state.child_pid):
+        return None
+    hb = heartbeat.read(RunPaths(run).heartbeat)
+    fresh = hb is None or hb.attempt < state.attempt or hb.batches_total == 0
+    return state.attempt if fresh else None
+
+
+def later_attempt(run: Path, attempt: int) -> bool:
+    """Whether an attempt after ``attempt`` has started its trainer."""
+    from rocm_yolo.run.paths import RunPaths
+    from rocm_yolo.run.supervisor_state import read_state
+
+    state = read_state(RunPaths(run))
+    return state is not None and state.attempt > attempt and state.child_pid is not None
 
 
 def soak(a, data: Path, root: Path, rng: random.Random) -> dict:
@@ -94,18 +122,25 @@ def soak(a, data: Path, root: Path, rng: random.Random) -> dict:
     tagged = Tagged(TAG_VAR)
     log = root / "soak.log"
     sent: list[dict] = []
+    plan = ["start-up" if rng.random() < a.startup_share else "training" for _ in range(a.faults)]
     began = time.monotonic()
     with open(log, "w") as out:
         proc = tagged.start(command(a, data, "soak"), cwd=root, output=out)
     try:
         while proc.poll() is None and len(sent) < a.faults:
-            trains, seq, attempt = training(run)
-            found = processes(run) if trains else {}
-            choices = [(kind, p) for kind in TARGETS for p in found.get(kind, [])]
+            when = plan[len(sent)]
+            if when == "start-up":
+                attempt = starting(run)
+                found = processes(run) if attempt is not None else {}
+                choices = [(kind, p) for kind in TARGETS[:2] for p in found.get(kind, [])]
+            else:
+                trains, _, attempt = training(run)
+                found = processes(run) if trains else {}
+                choices = [(kind, p) for kind in TARGETS for p in found.get(kind, [])]
             if not choices:
-                time.sleep(0.2)
+                time.sleep(0.1)
                 continue
-            time.sleep(rng.uniform(0, 1.5))  # somewhere inside a batch
+            time.sleep(rng.uniform(0, 1.5))  # somewhere inside a batch, or a step of the start-up
             kind, target = rng.choice(choices)
             sig = rng.choice(SIGNALS)
             try:
@@ -113,14 +148,12 @@ def soak(a, data: Path, root: Path, rng: random.Random) -> dict:
             except psutil.Error:
                 continue
             at = round(time.monotonic() - began, 1)
-            sent.append({"at": at, "target": kind, "signal": sig.name, "attempt": attempt})
-            print(f"  fault {len(sent)}: {sig.name} -> {kind} (pid {target.pid}, attempt {attempt})", flush=True)
-            deadline = time.monotonic() + a.gap  # until it trains again in a later attempt (or shrugged it off)
-            while proc.poll() is None and time.monotonic() < deadline:
-                now, _, later = training(run, seq)
-                if now and later > attempt:
-                    break
-                time.sleep(0.2)
+            sent.append({"at": at, "when": when, "target": kind, "signal": sig.name, "attempt": attempt})
+            said = f"  fault {len(sent)}: {sig.name} -> {kind} (pid {target.pid}, attempt {attempt}, {when})"
+            print(said, flush=True)
+            deadline = time.monotonic() + a.gap  # until a later attempt starts (or the run shrugged it off)
+            while proc.poll() is None and time.monotonic() < deadline and not later_attempt(run, attempt):
+                time.sleep(0.1)
         code = proc.wait(timeout=a.timeout)
     finally:
         tagged.stop(proc)
@@ -167,11 +200,11 @@ def report(a, clean: float, result: dict) -> list[str]:
         f"{'yes' if epochs == list(range(1, a.epochs + 1)) else f'NO: {epochs}'} | {len(result['left'])} | "
         f"{per:.1f} s |",
         "",
-        "| # | sent at (s) | signal | into | attempt |",
-        "|---|---|---|---|---|",
+        "| # | sent at (s) | during | signal | into | attempt |",
+        "|---|---|---|---|---|---|",
     ]
-    for i, fault in enumerate(result["sent"], 1):
-        lines.append(f"| {i} | {fault['at']} | {fault['signal']} | {fault['target']} | {fault['attempt']} |")
+    for i, f in enumerate(result["sent"], 1):
+        lines.append(f"| {i} | {f['at']} | {f['when']} | {f['signal']} | {f['target']} | {f['attempt']} |")
     lines += ["", "failures the watchdog saw (attempt: kind, class, title):"]
     lines += [f"- {e.get('attempt')}: {e['event']}, {e.get('class')}, {e.get('message', '')[:140]}" for e in failures]
     return lines
@@ -185,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stall-timeout", type=float, default=15)
     p.add_argument("--checkpoint-every", default="4ba")
     p.add_argument("--gap", type=float, default=40, help="seconds to wait for a restart before the next fault")
+    p.add_argument("--startup-share", type=float, default=0.3, help="the share of faults sent during a start-up")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--dir", type=Path, help="keep the runs here")

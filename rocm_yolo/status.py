@@ -9,6 +9,9 @@ A run that is not running and not finished (stopped, failed, ...) also shows wha
 checkpoint ``rocm-yolo train --resume RUN`` takes (:func:`rocm_yolo.launch.resume_target.resume_point`: the newest
 valid one, mid-epoch or ``last.pt``), read without torch. The heartbeat says where the run was last heard, which
 may be batches or epochs past it.
+
+A running trainer that is stopped (state T: SIGSTOP, or a debugger's stop), read from ``/proc`` as ``ps`` would,
+or whose start-up has not moved (CPU time, I/O) for a while, as its supervisor recorded it, is said with how long.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import psutil
+
 from rocm_yolo import errors
 from rocm_yolo.errors import UsageError
 from rocm_yolo.launch.resume_target import resume_point
+from rocm_yolo.process import kernel_view
 from rocm_yolo.process.lifecycle import alive
 from rocm_yolo.run import heartbeat
 from rocm_yolo.run.devices import Relayout, fits
@@ -129,6 +135,8 @@ def _collect(paths: RunPaths, now: float) -> dict:
     }
     if sup is not None and sup.running and not alive(sup.supervisor_pid):
         info["state"] = "stopped"  # the supervisor is gone without writing a final state (killed -9?)
+    if info["state"] == State.RUNNING.value:
+        info.update(_trainer(sup, now))
     if hb is not None:
         spec = _spec_of(paths, hb.attempt)
         info.update(
@@ -158,6 +166,32 @@ def _collect(paths: RunPaths, now: float) -> dict:
     if ranks:
         info["ranks"] = ranks
     return info
+
+
+def _trainer(sup: SupervisorState | None, now: float) -> dict:
+    """A running trainer stopped (its state, read now) or a start-up that has not moved (the supervisor's record),
+    with the seconds it has been so; {} for one that moves."""
+    found: dict = {}
+    if sup is not None and sup.still is not None:
+        found["still_seconds"] = round(max(now - sup.still.since, 0.0), 1)
+        found["stopped"] = sup.still.stopped
+    if sup is None or not sup.child_pid or not _child_of(sup.child_pid, sup.supervisor_pid):
+        return found  # no trainer here (another machine's node, or gone): its record alone
+    read = kernel_view.movement([sup.child_pid, sup.supervisor_pid])
+    trainer, supervisor = read.get(sup.child_pid), read.get(sup.supervisor_pid)
+    if supervisor is not None and supervisor.state in kernel_view.STOPPED:
+        found = {"suspended": True}  # Ctrl-Z: the supervisor stopped the tree and itself (job control)
+    elif trainer is not None and trainer.state in kernel_view.STOPPED:
+        found["stopped"], found["trainer_state"] = True, trainer.state
+    return found
+
+
+def _child_of(pid: int, parent: int) -> bool:
+    """Whether ``pid`` runs here as ``parent``'s child (a pid of another machine's node is not this one's)."""
+    try:
+        return psutil.Process(pid).ppid() == parent
+    except psutil.Error:
+        return False
 
 
 def _spec_of(paths: RunPaths, attempt: int | None) -> RunSpec | None:
@@ -225,6 +259,10 @@ def _render(info: dict) -> str:
         )
     if info.get("world"):
         lines.append(_world_line(info["world"]))
+    if info.get("suspended"):
+        lines.append("trainer:   stopped with its supervisor (Ctrl-Z): fg or bg continues both")
+    elif info.get("stopped") or info.get("still_seconds") is not None:
+        lines.append(f"trainer:   {_still_line(info)}")
     for r in info.get("ranks") or []:
         lines.append(
             f"rank {r['rank']}:    epoch {r['epoch']}, {r['phase']} batch {r['batch']}/{r['batches']}, "
@@ -248,6 +286,18 @@ def _world_line(world: dict) -> str:
         return f"world:     {gpus}, {gpu} images a step on each"
     each = f"{micro} micro-batches of {gpu} a step on each" if micro > 1 else f"{gpu} images a step on each"
     return f"world:     {run} -> {gpus}: {each}, {world['images_a_step']} images a step (the run's)"
+
+
+def _still_line(info: dict) -> str:
+    """``stopped (state T: SIGSTOP from outside) for 40 s``, or ``its start-up has not moved ... for 40 s``."""
+    seconds = info.get("still_seconds")
+    how_long = f" for {seconds:.0f} s" if seconds is not None else ""
+    if info.get("stopped"):
+        return (
+            f"stopped (state {info.get('trainer_state', 'T')}: a SIGSTOP or a debugger, not rocm-yolo's Ctrl-Z)"
+            f"{how_long}; kill -CONT continues it, the watchdog ends it after the stall timeout"
+        )
+    return f"its start-up has not moved (CPU time, I/O){how_long}: the watchdog ends it after the stall timeout"
 
 
 def _resume_line(found: dict, run_dir: str) -> str:

@@ -3,7 +3,8 @@
 :func:`classify` decides by what the exception is *and* where it was raised, not by its type
 alone: a ``KeyError`` from a bug is internal, a ``FileNotFoundError`` from Ultralytics' data set
 check is the user's (the checks are listed in :mod:`rocm_yolo.ultralytics_rules.user_checks`), a
-HIP error or a full disk is the environment's. The first positive identification along the
+GPU runtime's error (its words: :data:`rocm_yolo.diagnosis.vocabulary.GPU_RUNTIME`) or a full disk is the
+environment's. The first positive identification along the
 exception's cause chain wins. The CLI and the training child use it; it imports nothing heavy.
 """
 
@@ -16,6 +17,7 @@ import re
 import traceback
 from dataclasses import dataclass
 
+from rocm_yolo.diagnosis import vocabulary
 from rocm_yolo.errors import SetupError, UsageError, chain, one_line
 from rocm_yolo.ultralytics_rules.user_checks import CHECK_NAMES
 
@@ -26,13 +28,7 @@ USER, ENVIRONMENT, INTERNAL_KIND = "user", "environment", "internal"
 DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT}
 _ENV_ERRNOS = DISK_ERRNOS | {errno.EACCES, errno.EPERM, errno.ENOMEM, errno.EMFILE, errno.ENFILE}
 
-# Messages of the GPU runtimes (HIP, CUDA, MIOpen) and of downloads while offline.
-_GPU_RUNTIME = re.compile(
-    r"HIP error|hipError|CUDA error|CUDA driver|cudaError|no kernel image|invalid device function|"
-    r"No HIP GPUs|no CUDA GPUs|Found no NVIDIA driver|MIOpen|miopenStatus|CUDNN_STATUS|HSA_STATUS|"
-    r"Torch not compiled with CUDA|CUDA out of memory|HIP out of memory",
-    re.I,
-)
+# Messages of downloads while offline (the GPU runtimes' are the diagnosis' vocabulary: vocabulary.GPU_RUNTIME).
 _OFFLINE = re.compile(
     r"Download failure|offline|Temporary failure in name resolution|Name or service not known|"
     r"Failed to establish a new connection|Max retries exceeded|Network is unreachable",
@@ -118,7 +114,7 @@ def _environment_reason(error: BaseException) -> str | None:
         return "out of host memory: use a smaller --batch or fewer --workers"
     if (isinstance(error, (ConnectionError, TimeoutError)) and _from_network(error)) or _OFFLINE.search(str(error)):
         return f"a download failed ({one_line(error)}): rocm-yolo runs offline only with local weights and data"
-    if _GPU_RUNTIME.search(str(error)):
+    if vocabulary.first(str(error), vocabulary.GPU_RUNTIME) is not None:
         return f"the GPU runtime failed ({one_line(error)}): run 'rocm-yolo doctor'"
     return None
 

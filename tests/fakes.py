@@ -85,6 +85,8 @@ class ScriptedChild:
         stacks: str = "stacks",
         exit_lines: dict | None = None,
         rank_count: int = 1,
+        moves: dict | None = None,
+        threads: tuple = (),
     ):
         self.clock, self.events, self.pid, self.exit_at, self.code = clock, sorted(beats.items()), pid, exit_at, code
         self.exit_lines = sorted((exit_lines or {}).items())  # on several GPUs: clock time -> (rank, exit code) said
@@ -98,6 +100,8 @@ class ScriptedChild:
         self.dumped = self.killed = False
         self.terminal_blocked = False  # a test sets it: the tree waits for its terminal (Ctrl-S)
         self.terminal_blocked_pid = pid
+        self.moves = sorted((moves or {}).items())  # clock time -> what /proc says of its processes then (None: unread)
+        self.thread_view = threads  # what the kernel says of its threads at a hang
 
     def poll(self) -> int | None:
         return self.code if self.exit_at is not None and self.clock() >= self.exit_at else None
@@ -128,6 +132,14 @@ class ScriptedChild:
 
     def blocked_on_terminal(self) -> int | None:
         return self.terminal_blocked_pid if self.terminal_blocked else None
+
+    def threads(self) -> tuple:
+        return self.thread_view
+
+    def movement(self) -> dict | None:
+        """The scripted reading due now (the newest at or before the clock), None before the first or without any."""
+        due = [m for t, m in self.moves if t <= self.clock()]
+        return due[-1] if due else None
 
     def kill(self) -> list[int]:
         self.killed = True
@@ -163,3 +175,27 @@ def supervise(spec, children, clock: Clock, config, **kw):
     """Run a :func:`supervisor` to its end: (the result, the specs of its attempts)."""
     made: list = []
     return supervisor(spec, children, clock, config, made, **kw).run(), made
+
+
+def suspended(spec, child, clock: Clock, config, at: float, seconds: float) -> Supervisor:
+    """A supervisor of ``child`` that gets Ctrl-Z at clock time ``at`` and is continued ``seconds`` later (its
+    ``stop_self`` stands for the shell's job control: the clock runs on while it is stopped)."""
+
+    def stop_self():
+        clock.now += seconds
+
+    def sleep(dt):
+        clock.sleep(dt)
+        if clock.now == at:
+            sup.signals.suspend_requested = True
+
+    sup = Supervisor(
+        spec,
+        config,
+        child_factory=lambda s, c: child,
+        clock=clock,
+        sleep=sleep,
+        log=RunLog(stream=open(os.devnull, "w")),
+        stop_self=stop_self,
+    )
+    return sup

@@ -180,3 +180,67 @@ def descendants() -> set[int]:
 
 def rows_by_check(rows):
     return {r.check: r for r in rows}
+
+
+class FakeCgroup:
+    """The run's memory cgroup as a fake tree (tests/seams: seam_roots) at the path this process's own
+    /proc/self/cgroup names (the CLI's supervisor inherits it): v2's memory.events and memory.max, or, on a machine
+    with no v2 line, v1's memory.oom_control and memory.limit_in_bytes. :meth:`kill` counts an OOM kill, as the
+    kernel does when its OOM killer kills a process of the cgroup."""
+
+    def __init__(self, root: Path, limit: int):
+        self.root, self.kills = root, 0
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        v2 = next((x.split(":", 2)[2] for x in lines if x.startswith("0::")), None)
+        v1 = next((x.split(":", 2)[2] for x in lines if "memory" in x.split(":", 2)[1].split(",")), "/")
+        if v2 is not None:
+            self.folder = root / v2.lstrip("/")
+            self.counter, self.line = self.folder / "memory.events", "low 0\nhigh 0\nmax 0\noom 0\noom_kill {}\n"
+            limit_file, limit_text = self.folder / "memory.max", f"{limit}\n"
+        else:
+            self.folder = root / "memory" / v1.lstrip("/")
+            self.counter, self.line = (
+                self.folder / "memory.oom_control",
+                "oom_kill_disable 0\nunder_oom 0\noom_kill {}\n",
+            )
+            limit_file, limit_text = self.folder / "memory.limit_in_bytes", f"{limit}\n"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        limit_file.write_text(limit_text)
+        self.counter.write_text(self.line.format(0))
+
+    def kill(self) -> None:
+        self.kills += 1
+        self.counter.write_text(self.line.format(self.kills))
+
+
+def with_cgroup(cli, tmp_path, limit: int) -> FakeCgroup:
+    """Point the supervisor of ``cli``'s runs at a fake memory cgroup that allows ``limit`` bytes (tests/seams)."""
+    _with_seams(cli)
+    cli.env["ROCM_YOLO_TEST_CGROUP_ROOT"] = str(tmp_path / "cgroup")
+    return FakeCgroup(tmp_path / "cgroup", limit)
+
+
+def with_proc(cli, tmp_path) -> Path:
+    """Point the supervisor of ``cli``'s runs at a fake /proc the test writes (tests/seams): the kernel's view of the
+    threads, the start-up's movement and the cgroup come from it; what it lacks is unreadable."""
+    _with_seams(cli)
+    root = tmp_path / "proc"
+    root.mkdir()
+    cli.env["ROCM_YOLO_TEST_PROC_ROOT"] = str(root)
+    return root
+
+
+def child_pid(run: Path, proc, cli, attempt: int = 1, timeout: float = 120) -> int:
+    """The training process of ``attempt``, as the supervisor recorded it (supervisor.json's child_pid)."""
+    from rocm_yolo.run.supervisor_state import read_state
+
+    found: list[int] = []
+
+    def started() -> bool:
+        state = read_state(RunPaths(run))
+        if state is not None and state.attempt == attempt and state.child_pid:
+            found.append(state.child_pid)
+        return bool(found)
+
+    wait_for(started, timeout, f"attempt {attempt}'s training process", proc, cli)
+    return found[0]

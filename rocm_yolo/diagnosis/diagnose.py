@@ -1,18 +1,8 @@
 """What failed, read from the evidence: one class per failure, the lines that decided it and why, and a signature.
 
 Policy, and pure: :func:`diagnose` reads nothing but its :class:`Evidence` (what :mod:`.evidence` gathered) and
-returns a :class:`Diagnosis`. The classes:
-
-- ``environment``: the installed software cannot run on this card (no code object or kernels for it, no GPU
-  visible, a library without kernels for its architecture);
-- ``gpu-oom``, ``host-oom``: GPU memory, host memory refused (or the OOM killer's victim is the attempt's);
-- ``gpu-fault``, ``gpu-hang``: the GPU runtime's fault or hang (its abort texts, HIP's errors, amdgpu's kernel
-  lines about the attempt's processes or cards; in a hang, the trainer stuck in GPU work);
-- ``collective``: the GPUs' collectives timed out or failed (or, in a hang, every rank waits in one);
-- ``loader``: a DataLoader worker died or timed out, its shared memory ran out, or the trainer waits for a batch;
-- ``data-error``: a sample failed to load (named by its file where the error names one);
-- ``training-error``: any other error of the training step (a device-side assert included: the step's own data);
-- ``unknown``: no evidence (a signal with no word, a hang elsewhere).
+returns a :class:`Diagnosis` of one of the classes of :data:`.classes.CLASSES` (each record says what failed, and
+what the watchdog does about it).
 
 **Evidence is the failure's own.** Only what the failing attempt wrote since its last progress (its stderr, the
 traceback of its crash, the stacks of its hang, the exit status) and what the kernel said of its processes or
@@ -31,9 +21,8 @@ from __future__ import annotations
 import re
 import signal
 
-from rocm_yolo.diagnosis import hangs, vocabulary
-from rocm_yolo.diagnosis.record import UNKNOWN, Diagnosis, Evidence
-from rocm_yolo.diagnosis.vocabulary import (
+from rocm_yolo.diagnosis import beyond, hangs, vocabulary
+from rocm_yolo.diagnosis.classes import (
     COLLECTIVE,
     DATA_ERROR,
     ENVIRONMENT,
@@ -43,13 +32,12 @@ from rocm_yolo.diagnosis.vocabulary import (
     HOST_OOM,
     LOADER,
     TRAINING_ERROR,
-    Word,
+    UNKNOWN,
 )
+from rocm_yolo.diagnosis.record import Diagnosis, Evidence
+from rocm_yolo.diagnosis.vocabulary import Word, last_exception
 from rocm_yolo.gpu.kernel_log import OOM, kinds, victims
 from rocm_yolo.process.lifecycle import signal_name
-
-CLASSES = (LOADER, GPU_HANG, GPU_FAULT, GPU_OOM, HOST_OOM, COLLECTIVE, ENVIRONMENT, TRAINING_ERROR, DATA_ERROR, UNKNOWN)
-GPU_CLASSES = (GPU_FAULT, GPU_HANG)
 
 _SIZE = r"([\d.]+) (bytes|KiB|MiB|GiB|TiB)"
 _OOM_NUMBERS = {
@@ -112,19 +100,6 @@ def _reason(text: str) -> str:
     return short.get(key, key or "no reason given")
 
 
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::(?:\s.*)?)?$")  # "torch.OutOfMemoryError: ..."
-
-
-def last_exception(traceback: str) -> str:
-    """The traceback's final ``Type: message`` line (a warning's ``path.py:55: UserWarning: ...`` is none)."""
-    lines = [
-        x
-        for x in vocabulary.clean(traceback).splitlines()
-        if x.strip() and not x.startswith((" ", "\t", "Traceback", "During", "The ", "^")) and _EXCEPTION_LINE.match(x)
-    ]
-    return lines[-1].strip() if lines else ""
-
-
 def _how(code: int | None) -> str:
     return f"exit code {code}" if code is None or code >= 0 else f"killed by {signal_name(-code)}"
 
@@ -147,15 +122,16 @@ def _named_file(line: str, text: str) -> str:
 
 def _from_word(word: Word, line: str, text: str, weak: bool) -> Diagnosis:
     cls, detail, title = word.cls, {}, ""
+    plain = word.failure.title  # what its class is called when the line gives no more
     why = f"{word.name}" + (f" ({word.meaning})" if word.meaning else "") + f": {word.source}"
     key = line
     if cls == GPU_FAULT and (m := _HSA_REASON.search(line)):
         reason = _reason(m[2])
         title, detail, key = f"GPU memory access fault ({reason})", {"node": int(m[1]), "reason": reason}, reason
     elif cls in (GPU_FAULT, GPU_HANG, ENVIRONMENT) and (m := _HSA_STATUS.search(line)):
-        title, key = f"{_TITLES[cls]} ({m[1]})", m[1]
+        title, key = f"{plain} ({m[1]})", m[1]
     elif cls in (GPU_FAULT, GPU_HANG, ENVIRONMENT) and (m := _HIP_NAME.search(line)):
-        title = f"{_TITLES[cls]} ({(m[1] or m[2]).strip()[:120]})"
+        title = f"{plain} ({(m[1] or m[2]).strip()[:120]})"
     elif cls == GPU_HANG and "reason" in line.lower():
         title, key = f"GPU hang ({line.rsplit(':', 1)[-1].strip()})", "GPU Hang"
     elif cls == GPU_OOM:
@@ -168,22 +144,9 @@ def _from_word(word: Word, line: str, text: str, weak: bool) -> Diagnosis:
     elif cls == TRAINING_ERROR:
         title = f"training error ({word.name}: {word.meaning.split(':')[0]})"
     if not title:
-        title = f"{_TITLES[cls]} ({line[:160]})"
+        title = f"{plain} ({line[:160]})"
     detail["word"] = word.name
     return Diagnosis(cls, title, f"{cls}: {normalized(key)}" if key else cls, (line,), detail, weak, why)
-
-
-_TITLES = {
-    ENVIRONMENT: "the installed software cannot run on this GPU",
-    GPU_OOM: "GPU out of memory",
-    HOST_OOM: "host out of memory",
-    GPU_FAULT: "GPU error",
-    GPU_HANG: "GPU hang",
-    COLLECTIVE: "collective failed between the GPUs",
-    LOADER: "DataLoader worker died",
-    DATA_ERROR: "data error",
-    TRAINING_ERROR: "training error",
-}
 
 
 def _kernel(lines: tuple[str, ...], e: Evidence, weak: bool) -> Diagnosis | None:
@@ -236,8 +199,14 @@ def _signal_death(e: Evidence, killed: tuple[int, int] | None) -> Diagnosis:
     """A death by a signal (the attempt's, or its first rank's) with no word of the process about it."""
     code = killed[1] if killed else e.exit_code
     how = (f"rank {killed[0]} " if killed else "training process ") + _how(code)
+    if code == -signal.SIGKILL and e.cgroup_kills == 0:  # counted, and none: not the kernel's OOM killer
+        title = f"{how}, no evidence of the cause (the run's cgroup counted no OOM kill during the attempt)"
+        return Diagnosis(UNKNOWN, title, "", (how, e.cgroup_source), {}, False, beyond.CGROUP_NONE)
     if code == -signal.SIGKILL and not e.kernel_readable:
-        title = f"{how}; probably host out of memory (the kernel's OOM killer sends SIGKILL; the {e.kernel_source})"
+        cgroup = f"; the {e.cgroup_source}" if e.cgroup_source else ""
+        title = (
+            f"{how}; probably host out of memory (the kernel's OOM killer sends SIGKILL; the {e.kernel_source}{cgroup})"
+        )
         return Diagnosis(HOST_OOM, title, "", (how,), {}, True, "SIGKILL with no word: the OOM killer's signal")
     if code == -signal.SIGKILL:
         title = f"{how}, no evidence of the cause (the kernel log has no OOM-killer line of the run's processes)"
@@ -254,6 +223,8 @@ def _sigkill_note(e: Evidence, line: str) -> str:
         seen = f"the {e.kernel_source} to confirm it: see `dmesg` or `journalctl -k`"
     else:
         seen = "the kernel log has no OOM-killer line of the run's processes"
+    if e.cgroup_kills == 0:  # counted, and none
+        seen += "; the run's cgroup counted no OOM kill during the attempt: not the kernel's"
     return f"; SIGKILL usually comes from the kernel's out-of-memory killer ({seen})"
 
 
@@ -285,7 +256,8 @@ def _crash(e: Evidence) -> Diagnosis:
     text = vocabulary.clean(f"{e.stderr}\n{e.traceback}")
     found = vocabulary.first(text)
     killed = _rank_killed(e)
-    from_kernel = _kernel(e.kernel, e, weak=False)
+    # the kernel's word of the run (its log's lines, its cgroup's count of OOM kills) explains a death by SIGKILL
+    from_kernel = _kernel(e.kernel, e, weak=False) or beyond.oom_counted(e, beyond.sigkilled(e, text, killed))
     # a worker's death or a collective's failure is what the kernel's word of the run explains (its OOM killer, a
     # GPU hang); on several GPUs, what the other ranks say after one was killed by a signal is its consequence
     consequence = found is not None and found[0].cls in (COLLECTIVE, LOADER)
@@ -325,11 +297,14 @@ def _hang(e: Evidence) -> Diagnosis:
     from_stacks = hangs.from_stacks(e.stacks, multi_gpu=e.multi_gpu, on_gpu=e.on_gpu) or hangs.from_traceback(text)
     if from_stacks is not None and from_stacks.cls in (LOADER, COLLECTIVE):
         return from_stacks
+    from_threads = hangs.from_threads(e.threads, e.workers)  # where the kernel says the trainer's main thread waits
+    if from_threads is not None:
+        return from_threads
     if found is not None:
         return _from_word(*found, text, weak=False)
     if from_stacks is not None:
         return from_stacks
-    return hangs.nowhere(e.stacks)
+    return hangs.nowhere(e.stacks, e.threads)
 
 
 def _context(e: Evidence, found: Diagnosis) -> Diagnosis:
@@ -363,4 +338,5 @@ def _with_title(d: Diagnosis, title: str) -> Diagnosis:
 def diagnose(e: Evidence) -> Diagnosis:
     """The class of the failure ``e`` describes, with the lines that decided it and why."""
     found = _hang(e) if e.failure == "hang" else _crash(e)
+    found = beyond.from_override(e, beyond.from_labels(e, found))  # what the text cannot decide, the machine may
     return _context(e, found) if found.cls == UNKNOWN and not found.signature else found

@@ -5,8 +5,12 @@ the tail of its stderr, the traceback(s) it wrote (``RUN/crash-K.txt``, a rank's
 stacks of a hang (``RUN/hang-K-stacks.txt``), the kernel log's amdgpu and OOM-killer lines of the attempt's time
 window (:mod:`rocm_yolo.gpu.kernel_log`; a file instead of the system's log when the config names one: tests),
 and the run's pids (the processes of its tree, its DataLoader workers, every process that registered a stack
-file). :func:`write_report` adds the diagnosis and its evidence to the failure's report file, and :class:`Machine`
-holds what the remedies need to know of the machine: its GPUs, their VRAM use before the run, the kernel.
+file); and what a person would look at beyond the failure's text (:mod:`.sources`): the OOM kills the run's
+memory cgroup counted during the attempt and its limit, the kernel's view of a hung tree's threads, the labels
+against the data set's ``nc`` after an index error, the ``HSA_OVERRIDE_GFX_VERSION`` against each card.
+:func:`write_report` adds the diagnosis and its evidence, each with its source, to the failure's report file, and
+:class:`Machine` holds what the remedies need to know of the machine: its GPUs, their VRAM use before the run, the
+kernel.
 """
 
 from __future__ import annotations
@@ -15,15 +19,19 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from rocm_yolo.diagnosis import sources
+from rocm_yolo.diagnosis.beyond import asks_labels, wrong_overrides
 from rocm_yolo.diagnosis.diagnose import root_cause
 from rocm_yolo.diagnosis.record import Diagnosis, Evidence
 from rocm_yolo.diagnosis.remedies import Context
 from rocm_yolo.gpu import kernel_log, release
 from rocm_yolo.gpu.arch import GpuNode, architectures, detect_gpus
 from rocm_yolo.gpu.count import used_gpus
+from rocm_yolo.process.cgroup import CgroupMemory
+from rocm_yolo.process.kernel_view import ThreadView
 from rocm_yolo.run.devices import gpu_ids, world_size
 from rocm_yolo.run.events import foreign, read_events
 from rocm_yolo.run.heartbeat import Heartbeat
@@ -35,6 +43,7 @@ from rocm_yolo.ultralytics_rules import config as ucfg
 MARGIN = 5.0  # seconds after an attempt's end: the clocks of the kernel's log and ours differ a little
 KERNEL_LINES = 50  # at most this many of the window's lines go into the evidence
 REPORT_STDERR_LINES = 40
+REPORT_THREADS = 40
 KERNEL_LOG_TIMEOUT = 5.0  # per source (dmesg, journalctl): the restart waits for it
 
 
@@ -104,14 +113,20 @@ def run_pids(paths: RunPaths, since: float = 0.0) -> set[int]:
                 pids.add(int(m[1]))
     except OSError:
         pass
+    return pids | set(workers(paths, since))
+
+
+def workers(paths: RunPaths, since: float = 0.0) -> tuple[int, ...]:
+    """The DataLoader workers the run recorded from ``since`` on (wall clock), oldest first."""
+    found: list[int] = []
     for line in _read(paths.workers).splitlines():
         try:
             record = json.loads(line)
             if float(record.get("time", 0)) >= since - 1:
-                pids.add(int(record["pid"]))
+                found.append(int(record["pid"]))
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
-    return pids
+    return tuple(dict.fromkeys(found))
 
 
 @dataclass(frozen=True)
@@ -168,9 +183,14 @@ def gather(
     window: tuple[float, float],
     pids: set[int],
     gpus: list[GpuNode],
+    cgroup: tuple[CgroupMemory, CgroupMemory] | None = None,
+    threads: tuple[ThreadView, ...] = (),
+    phase: str | None = None,
 ) -> Evidence:
     """One failure's evidence (``failure``: "hang" or "crash"; ``stderr``: the child's, before and since its last
-    progress; ``window``: from the attempt's child start to now, wall clock; ``pids``: the attempt's tree)."""
+    progress; ``window``: from the attempt's child start to now, wall clock; ``pids``: the attempt's tree;
+    ``cgroup``: the run's cgroup at the attempt's start and end; ``threads``: a hang's, as the kernel saw them;
+    ``phase``: where the attempt was, train or val: the split whose labels an index error asks to check)."""
     pids = set(pids) | run_pids(spec.paths, window[0])
     kernel = kernel_lines(kernel_path, *window, pids, run_cards(spec, gpus))
     device = str(spec.train_args.get("device", "") or "").strip().lower()
@@ -178,7 +198,8 @@ def gather(
     launcher = launcher_report(spec.paths.torchrun_log, window[0]) if multi and failure == "crash" else ""
     first = root_cause(launcher)
     earlier, since = stderr
-    return Evidence(
+    kills, limit, counted = sources.cgroup_kills(cgroup)
+    found = Evidence(
         failure=failure,
         exit_code=exit_code,
         stderr=foreign(since),
@@ -194,7 +215,17 @@ def gather(
         on_gpu=bool(gpus) and device not in ("cpu", "mps"),
         launcher=launcher,
         batch=failed_batch(spec.paths, window[0]) if failure == "crash" else None,
+        cgroup_kills=kills,
+        cgroup_limit=limit,
+        cgroup_source=counted,
+        threads=threads,
+        workers=workers(spec.paths, window[0]),
+        overrides=sources.overrides(spec, gpus),
     )
+    if asks_labels(found):  # a device-side assert or an index error: the labels' class ids, as the doctor checks them
+        bad, checked = sources.labels(spec, phase)
+        found = replace(found, labels=bad, labels_source=checked)
+    return found
 
 
 def failure(
@@ -219,6 +250,22 @@ def failure(
 
 def _section(title: str, lines, none: str) -> list[str]:
     return [title, *(f"  {line}" for line in lines or (none,))]
+
+
+def _beyond(e: Evidence) -> list[str]:
+    """The report's lines of the evidence beyond the failure's text, each with its source."""
+    kills = "not counted" if e.cgroup_kills is None else f"{e.cgroup_kills} OOM kill(s) during the attempt"
+    lines = [f"the run's memory cgroup: {kills} ({e.cgroup_source or 'not read'})"]
+    if e.failure == "hang":
+        shown = [t.line() for t in e.threads[:REPORT_THREADS]]
+        title = "the kernel's view of each thread (/proc/PID/task/TID: stat, syscall, wchan):"
+        lines += _section(title, shown, "(none read)")
+    if e.labels_source:
+        lines += _section(f"labels ({e.labels_source}):", e.labels, "(no class id out of range)")
+    wrong = {(arch, value): runs_as for arch, value, runs_as in wrong_overrides(e.overrides)}
+    said = [f"{a}: {v}" + (f" (runs it as {wrong[a, v]})" if (a, v) in wrong else "") for a, v in e.overrides]
+    title = "HSA_OVERRIDE_GFX_VERSION of the cards (against the KFD topology's architecture):"
+    return lines + _section(title, said, "(none set)")
 
 
 def write_report(path: Path, diagnosis: Diagnosis, evidence: Evidence, where: str) -> Path | None:
@@ -247,6 +294,7 @@ def write_report(path: Path, diagnosis: Diagnosis, evidence: Evidence, where: st
         ),
         *_section("kernel lines of no process and no card (context):", evidence.kernel_context, "(none)"),
         *_section("kernel lines of other processes or cards (never this run's):", evidence.kernel_others, "(none)"),
+        *_beyond(evidence),
         *_section(
             f"the training process's stderr before its last progress (context), last {len(earlier)} lines:",
             earlier,
@@ -269,6 +317,7 @@ def context(spec: RunSpec, machine: Machine, diagnosis: Diagnosis, evidence: Evi
     args = spec.train_args
     user = {k: (spec.conv if k == "conv" else args.get(k)) for k in spec.user_keys if k in ("amp", "conv")}
     free = release.vram_free(machine.gpus) if diagnosis.cls == "gpu-oom" else None
+    memory = _host_memory(spec) if diagnosis.cls == "host-oom" else {}
     return Context(
         archs=machine.archs,
         env={**os.environ, **spec.env},
@@ -281,7 +330,27 @@ def context(spec: RunSpec, machine: Machine, diagnosis: Diagnosis, evidence: Evi
         vram_free=free,
         kernel_kinds=frozenset(k for line in evidence.kernel for k in kernel_log.kinds(line)),
         amp=args.get("amp", True),
+        memory_limit=evidence.cgroup_limit,
+        **memory,
     )
+
+
+def _host_memory(spec: RunSpec) -> dict:
+    """What a host out of memory's advice needs: the machine's memory, the image cache's size (``cache=ram``: an
+    estimate from a sample, as Ultralytics' check_cache_ram makes it), the attempt's workers and their prefetch."""
+    found: dict = {"workers": spec.loader.workers, "prefetch": spec.loader.prefetch_factor or 4}
+    m = re.search(r"^MemTotal:\s+(\d+) kB", _read(Path("/proc/meminfo")), re.M)
+    if m:
+        found["memory_total"] = int(m[1]) * 1024
+    imgsz = spec.train_args.get("imgsz", _default("imgsz"))
+    if spec.train_args.get("cache") in (True, "ram", "True", "true") and isinstance(imgsz, int):
+        try:
+            from rocm_yolo.ultralytics_rules.data import cache  # cv2: only for this advice
+
+            found["cache_bytes"] = cache.estimate(cache.split_images(spec.data, sources.task_of(spec)), imgsz).bytes
+        except Exception:  # the advice goes without it (the data set moved, no cv2)
+            pass
+    return found
 
 
 def _default(key: str) -> object:

@@ -1,17 +1,23 @@
 """Where a hung run is stuck, read from its stacks (``RUN/hang-K-stacks.txt``, written by
-:func:`rocm_yolo.process.tree.dump_stacks`).
+:func:`rocm_yolo.process.tree.dump_stacks`) and from the kernel's view of its threads
+(:func:`rocm_yolo.process.kernel_view.threads`).
 
 The trainer (or a rank) waiting for a batch in the DataLoader is a loader hang; every rank waiting in a collective
 is a collective hang; on a GPU, the trainer stuck inside a torch operation (or py-spy's native frames in the HIP
-runtime) is a GPU hang; on several GPUs the rank stuck outside torch is the one the others wait for. Pure.
+runtime) is a GPU hang; on several GPUs the rank stuck outside torch is the one the others wait for. Where the stacks
+show only the training loop's outer frames, or no Python frame, the kernel still knows where the trainer's main
+thread waits: in an ioctl on a GPU driver's device (``/dev/kfd``: libhsakmt's ``hsaKmtWaitOnEvent``; amdgpu's or
+NVIDIA's), a GPU that stopped answering; in a ``futex`` while the attempt's DataLoader workers are gone, a queue
+nobody will fill: the loader. Pure.
 """
 
 from __future__ import annotations
 
 import re
 
-from rocm_yolo.diagnosis.record import UNKNOWN, Diagnosis
-from rocm_yolo.diagnosis.vocabulary import COLLECTIVE, GPU_HANG, LOADER
+from rocm_yolo.diagnosis.classes import COLLECTIVE, GPU_HANG, LOADER, UNKNOWN
+from rocm_yolo.diagnosis.record import Diagnosis
+from rocm_yolo.process.kernel_view import STOPPED, ThreadView
 
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+ in (\S+)')
 _SECTION = re.compile(r"^===== pid (\d+) \((\w+), [^)]*\)", re.M)
@@ -19,6 +25,10 @@ _STOPPED = re.compile(r"^===== pid (\d+) \((\w+), (?:stopped|tracing-stop)\)", r
 _HIP_NATIVE = re.compile(r"\b(hip[A-Z]\w+|hsa_\w+|hsaKmt\w+)")  # py-spy --native: a thread in the HIP runtime
 _COLLECTIVES = re.compile(r"^(all_reduce|barrier|broadcast|all_gather\w*|reduce_scatter\w*|reduce|wait|backward)$")
 WHY = "the stacks of the hung processes (faulthandler, py-spy)"
+THREADS_WHY = (
+    "the kernel's view of the trainer's main thread (/proc/PID/task/TID: stat, wchan, syscall; Linux "
+    "Documentation/filesystems/proc.rst)"
+)
 
 
 def sections(stacks: str) -> list[tuple[int, str, str]]:
@@ -157,10 +167,42 @@ def rank_stuck(mains: dict) -> Diagnosis:
     return _d(UNKNOWN, title, f"{UNKNOWN}: hang in {frames[0][1] if frames else '?'}", (title,))
 
 
-def nowhere(stacks: str) -> Diagnosis:
-    """A hang the stacks place nowhere known: where the trainer was, as a title."""
+def _mains(threads: tuple[ThreadView, ...]) -> list[ThreadView]:
+    """The main threads of the trainer, or of the ranks (the DDP launcher's own waits on them)."""
+    ranks = [t for t in threads if t.main and t.role == "rank"]
+    return ranks or [t for t in threads if t.main and t.role == "trainer"]
+
+
+def from_threads(threads: tuple[ThreadView, ...], workers: tuple[int, ...] = ()) -> Diagnosis | None:
+    """What the kernel's view of the threads says: the trainer's (or a rank's) main thread in a GPU driver is a GPU
+    hang; in a futex while every DataLoader worker of the attempt is gone, the loader; None otherwise (a process
+    stopped by a signal is no wait of its own)."""
+    mains = _mains(threads)
+    if not mains or any(t.state in STOPPED for t in mains):
+        return None
+    gpu = next((t for t in mains if t.on_gpu), None)
+    if gpu is not None:
+        waits = f"{gpu.syscall} on {gpu.fd}" if gpu.fd else f"wchan {gpu.wchan}"
+        title = f"GPU hang: the {gpu.role}'s main thread waits in the GPU driver ({waits}): the GPU stopped answering"
+        signature = f"{GPU_HANG}: waits in the driver ({gpu.fd.rstrip('0123456789') or gpu.wchan})"
+        return Diagnosis(GPU_HANG, title, signature, (gpu.line(),), why=THREADS_WHY)
+    alive = {t.pid for t in threads if t.pid in workers and t.state != "Z"}
+    futex = next((t for t in mains if t.syscall == "futex"), None)
+    if futex is not None and workers and not alive:
+        gone = ", ".join(map(str, workers[:8]))
+        title = f"DataLoader hang: the {futex.role} waits on a queue (futex) whose workers are gone (pids {gone})"
+        evidence = (futex.line(), f"DataLoader workers of the attempt, none alive: {gone}")
+        return Diagnosis(LOADER, title, f"{LOADER}: hang, workers gone", evidence, why=THREADS_WHY)
+    return None
+
+
+def nowhere(stacks: str, threads: tuple[ThreadView, ...] = ()) -> Diagnosis:
+    """A hang the stacks place nowhere known: where the trainer was, as a title (and where the kernel says its main
+    thread waits)."""
     parts = sections(stacks)
     mains = [main_thread(text) for _, role, text in parts if role in ("trainer", "rank")]
     frames = mains[0] if mains else []
-    title = f"hang (the trainer in {where(frames)})"
+    kernel = next(iter(_mains(threads)), None)
+    waits = f"; the kernel: {kernel.line()}" if kernel else ""
+    title = f"hang (the trainer in {where(frames)}{waits})"
     return _d(UNKNOWN, title, f"{UNKNOWN}: hang in {frames[0][1]}" if frames else "", (title,))

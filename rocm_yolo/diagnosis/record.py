@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-UNKNOWN = "unknown"
+from rocm_yolo.process.kernel_view import ThreadView
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,15 @@ class Evidence:
     kernel_context: tuple[str, ...] = ()  # context: the window's kernel lines that name no process and no card
     kernel_others: tuple[str, ...] = ()  # other processes' and cards' lines: in the report, never the class
     batch: int | None = None  # a crash: the batch size the trainer had when it failed
+    # beyond the failure's text (diagnosis.sources): each with where it came from, or why there is nothing
+    cgroup_kills: int | None = None  # OOM kills the run's memory cgroup counted during the attempt; None: unreadable
+    cgroup_limit: int | None = None  # bytes the cgroup allows; None: no limit, or unreadable
+    cgroup_source: str = ""
+    labels: tuple[str, ...] = ()  # label lines whose class id is not one of nc's: "FILE:LINE: class id 7 out of ..."
+    labels_source: str = ""  # what was checked against which nc ("" when the failure asked for no check)
+    threads: tuple[ThreadView, ...] = ()  # a hang: the kernel's view of each thread of the tree (state, wchan, call)
+    workers: tuple[int, ...] = ()  # the attempt's DataLoader workers, as they recorded themselves (pids)
+    overrides: tuple[tuple[str, str], ...] = ()  # (a card's own architecture, the HSA_OVERRIDE_GFX_VERSION it had)
 
     @property
     def kernel_readable(self) -> bool:
@@ -34,7 +43,7 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    cls: str  # one of CLASSES
+    cls: str  # the name of one of classes.CLASSES
     title: str  # what rocm-yolo's line calls it: "GPU memory access fault (page not present)"
     signature: str  # what makes two failures the same ("" for a death without a word: never the same)
     evidence: tuple[str, ...] = ()  # the lines that decided it

@@ -1,30 +1,24 @@
 """What the watchdog does about a failure, by its class: the remedy, and when to stop instead (with a verdict).
 
 Policy, and pure: :func:`decide` reads the failure just diagnosed, the failures before it in this run, and a
-:class:`Context` of facts (the GPUs, the batch, the free VRAM), and returns a :class:`Decision`:
+:class:`Context` of facts (the GPUs, the batch, the free VRAM), and returns a :class:`Decision`. Each class's record
+(:data:`.classes.CLASSES`) says its remedy, the remedy when its evidence is weak, and the exit code its stops give
+(docs/watchdog.md's table is :func:`.classes.docs_table`):
 
-==================  ==========================================================  ===================================
-class               remedy                                                      stops with
-==================  ==========================================================  ===================================
-loader, unknown     the next profile of the ladder (``--fallback``)             1 when the restarts run out
-host-oom            the next profile of the ladder (``safe``: fewer workers)    4 the same twice at the same place
-gpu-fault, gpu-hang the same profile, once the GPU is released, once            4 on the second, with known fixes
-collective          the same profile with ``NCCL_P2P_DISABLE=1``, once; with     4 on the second, with known fixes
-                    ``NCCL_SHM_DISABLE=1`` when /dev/shm had no room
-gpu-oom             none: the same batch would fail again                       4 at once, with a smaller batch
-environment         none: the software cannot run on this card                  4 at once, with the fix for the card
-training-error,     the same profile (the loader is not the cause)              5 the same twice at the same place
-data-error
-==================  ==========================================================  ===================================
+- ``ladder``: the next profile of the ladder (``--fallback``); ``same``: the same profile; ``p2p-off``: the same
+  profile with ``NCCL_P2P_DISABLE=1`` once (``NCCL_SHM_DISABLE=1`` when /dev/shm had no room); ``stop``: none, the
+  run stops at once with a verdict (GPU out of memory: a smaller batch; the environment: the fix for the card);
+- a GPU fault or hang (``gpu_side``) restarts once the GPU is released, once: the second stops, with known fixes;
+  a collective's second failure stops too.
 
 Whatever the class, the same failure (class and signature) twice at the same place (epoch, phase, batch) in two
-attempts in a row, after a remedy for it, stops the run: exit 4 for a cause in the environment (the GPU, its
-memory, the host's memory, the links between the GPUs, the software), else 5 (:data:`rocm_yolo.errors.SAME_FAILURE`),
-so that a scheduler does not requeue it.
+attempts in a row, after a remedy for it, stops the run: with its class's exit code, 4 for a cause in the
+environment (the GPU, its memory, the host's memory, the links between the GPUs, the software), else 5
+(:data:`rocm_yolo.errors.SAME_FAILURE`), so that a scheduler does not requeue it.
 
 **A stop needs evidence of the failure's own.** A diagnosis read from context alone (``weak``) gets the remedy
-that retries (the same profile for a GPU or environment class, else the ladder) and never stops the run, nor
-counts toward a later stop; a death by a signal with no word has no signature, so it is never "the same failure".
+that retries (its class's ``weak_remedy``) and never stops the run, nor counts toward a later stop; a death by a
+signal with no word has no signature, so it is never "the same failure".
 """
 
 from __future__ import annotations
@@ -32,38 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from rocm_yolo import errors
-from rocm_yolo.diagnosis.diagnose import GPU_CLASSES
-from rocm_yolo.diagnosis.record import UNKNOWN, Diagnosis
-from rocm_yolo.diagnosis.vocabulary import (
-    COLLECTIVE,
-    DATA_ERROR,
-    ENVIRONMENT,
-    GPU_FAULT,
-    GPU_HANG,
-    GPU_OOM,
-    HOST_OOM,
-    LOADER,
-    NCCL_SHM,
-    TRAINING_ERROR,
-)
+from rocm_yolo.diagnosis import classes
+from rocm_yolo.diagnosis.classes import COLLECTIVE, ENVIRONMENT, GPU_OOM, HOST_OOM, P2P_OFF, STOP
+from rocm_yolo.diagnosis.record import Diagnosis
+from rocm_yolo.diagnosis.vocabulary import NCCL_SHM
 from rocm_yolo.gpu import known_fixes
 from rocm_yolo.run.supervisor_state import Failure
 
-LADDER, SAME, P2P_OFF, STOP = "ladder", "same", "p2p-off", "stop"
-REMEDY = {
-    ENVIRONMENT: STOP,
-    LOADER: LADDER,
-    UNKNOWN: LADDER,
-    HOST_OOM: LADDER,
-    GPU_FAULT: SAME,
-    GPU_HANG: SAME,
-    COLLECTIVE: P2P_OFF,
-    GPU_OOM: STOP,
-    TRAINING_ERROR: SAME,
-    DATA_ERROR: SAME,
-}
-ENVIRONMENT_CLASSES = (GPU_FAULT, GPU_HANG, GPU_OOM, HOST_OOM, COLLECTIVE, ENVIRONMENT)  # their stops exit 4
 P2P_VARIABLE = "NCCL_P2P_DISABLE"
 SHM_VARIABLE = "NCCL_SHM_DISABLE"  # a collective that failed for room in /dev/shm: its transport, not P2P
 SAFETY = 0.8  # of the memory a smaller batch may plan to use
@@ -84,6 +53,11 @@ class Context:
     vram_free: int | None = None  # bytes free on the card once the run released it (sysfs)
     kernel_kinds: frozenset = frozenset()  # what the kernel log said in the failure's window
     amp: object = True  # the run's amp setting (the gfx101x presets turn it off)
+    memory_limit: int | None = None  # host-oom: bytes the run's cgroup allows (None: no limit, or unreadable)
+    memory_total: int | None = None  # host-oom: the machine's memory (/proc/meminfo)
+    cache_bytes: int | None = None  # host-oom with cache=ram: what Ultralytics' image cache holds (an estimate)
+    workers: int | None = None  # host-oom: the attempt's DataLoader workers (train; validation has as many again)
+    prefetch: int = 4  # batches each worker holds in flight (Ultralytics' prefetch_factor for training)
 
 
 @dataclass(frozen=True)
@@ -125,10 +99,11 @@ def _same(a: Failure, b: Failure) -> bool:
 
 
 def _retry(cls: str) -> Decision:
-    """What a weak diagnosis gets: the remedy that retries."""
-    if cls == COLLECTIVE:
+    """What a weak diagnosis gets: the remedy that retries (its class's ``weak_remedy``)."""
+    action = classes.of(cls).weak_remedy
+    if action == P2P_OFF:
         return Decision(P2P_OFF, env={P2P_VARIABLE: "1"}, reason=f"with {P2P_VARIABLE}=1 (a guess: {_P2P_WHY})")
-    return Decision(SAME if cls in (*GPU_CLASSES, GPU_OOM, ENVIRONMENT) else LADDER)
+    return Decision(action)
 
 
 _P2P_WHY = f"RCCL's peer-to-peer off: {known_fixes.P2P_OFF.source}"
@@ -148,38 +123,41 @@ def decide(failure: Failure, diagnosis: Diagnosis, previous: list[Failure], cont
     if diagnosis.weak:
         return _retry(cls)
     previous = [p for p in previous if not p.weak]  # what context suggested counts toward no stop
-    env_code = errors.SETUP if cls in ENVIRONMENT_CLASSES else errors.SAME_FAILURE
+    record = classes.of(cls)
     if previous and _same(previous[-1], failure):
         return Decision(
-            STOP, env_code, f"the same failure twice at {place(failure)}: not retrying", verdict(diagnosis, context)
-        )
-    if cls == GPU_OOM:
-        return Decision(STOP, errors.SETUP, oom_advice(diagnosis, context), verdict(diagnosis, context))
-    if cls == ENVIRONMENT:
-        return Decision(
             STOP,
-            errors.SETUP,
-            f"{diagnosis.title}: a restart would meet it again; not retrying",
+            record.stop_exit,
+            f"the same failure twice at {place(failure)}: not retrying",
             verdict(diagnosis, context),
         )
-    if cls in GPU_CLASSES and any(p.cls in GPU_CLASSES for p in previous):
+    if record.remedy == STOP:
+        said = (
+            oom_advice(diagnosis, context)
+            if cls == GPU_OOM
+            else f"{diagnosis.title}: a restart would meet it again; not retrying"
+        )
+        return Decision(STOP, record.stop_exit, said, verdict(diagnosis, context))
+    if record.gpu_side and any(classes.of(p.cls).gpu_side for p in previous):
         return Decision(
             STOP,
-            errors.SETUP,
+            record.stop_exit,
             f"{diagnosis.title} at {place(failure)}, the second GPU failure of this run: not retrying",
             verdict(diagnosis, context),
         )
-    if cls == COLLECTIVE:
+    if record.remedy == P2P_OFF:
         variable, why = _collective_variable(diagnosis)
-        if any(p.cls == COLLECTIVE for p in previous):
+        if any(p.cls == cls for p in previous):
             return Decision(
                 STOP,
-                errors.SETUP,
+                record.stop_exit,
                 f"a collective failed again at {place(failure)}, with {variable}=1: not retrying",
                 verdict(diagnosis, context),
             )
         return Decision(P2P_OFF, env={variable: "1"}, reason=f"with {variable}=1 ({why})")
-    return Decision(REMEDY.get(cls, LADDER))
+    if cls == HOST_OOM:  # the ladder, and what takes the memory
+        return Decision(record.remedy, reason=host_memory(diagnosis, context))
+    return Decision(record.remedy)
 
 
 def verdict(diagnosis: Diagnosis, context: Context) -> tuple[str, ...]:
@@ -188,8 +166,10 @@ def verdict(diagnosis: Diagnosis, context: Context) -> tuple[str, ...]:
     miopen = "MIOpen" in str(diagnosis.detail.get("word", ""))
     if diagnosis.cls == ENVIRONMENT:
         fixes = known_fixes.environment_fixes(list(context.archs), context.env, miopen=miopen, amp=context.amp)
+        if "override" in diagnosis.detail:  # the override is the cause: its fix first, the card's torch after
+            fixes = [known_fixes.override_fix(diagnosis.detail["card"], diagnosis.detail["override"]), *fixes]
         return (f"what makes the software run{cards}:", *(f"  - {f.line()}" for f in fixes))
-    if diagnosis.cls in GPU_CLASSES:
+    if classes.of(diagnosis.cls).gpu_side:
         fixes = known_fixes.gpu_failure_fixes(
             list(context.archs),
             context.env,
@@ -210,8 +190,37 @@ def verdict(diagnosis: Diagnosis, context: Context) -> tuple[str, ...]:
             f"  - {f.line()}" for f in known_fixes.collective_fixes(p2p_off=p2p)
         )
     if diagnosis.cls == HOST_OOM:
-        return ("fewer workers (--workers N, or --profile safe), cache=False, or a smaller --batch",)
+        return (
+            "fewer workers (--workers N, or --profile safe), cache=False, or a smaller --batch",
+            f"what takes the host's memory: {host_memory(diagnosis, context)}",
+        )
     return ()
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def host_memory(diagnosis: Diagnosis, context: Context) -> str:
+    """Host out of memory: how much the run's cgroup allows, and what ``cache=ram``, the workers and the batch cost
+    (Ultralytics' uint8 images of 3 x imgsz x imgsz: its image cache, the batches its workers hold in flight)."""
+    limit = diagnosis.detail.get("limit") or context.memory_limit
+    machine = f" (the machine has {_size(context.memory_total)})" if context.memory_total else ""
+    parts = [f"the run's cgroup allows {_size(limit)}{machine}" if limit else f"no cgroup limit known{machine}"]
+    batch, imgsz = context.batch, context.imgsz
+    sized = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (batch, imgsz))
+    if context.cache_bytes:
+        cache = _size(context.cache_bytes)
+        parts.append(f"cache=ram holds about {cache} of decoded images (cache=disk or cache=False frees it)")
+    if sized and context.workers:
+        held = context.workers * context.prefetch * batch * 3 * imgsz * imgsz
+        parts.append(
+            f"{context.workers} DataLoader workers hold {context.prefetch} batches each in flight: about {_size(held)} "
+            "(validation's loader more), besides each worker's own memory (fewer --workers, or --profile safe)"
+        )
+    if sized:
+        parts.append(f"batch {batch} at imgsz {imgsz}: {_size(batch * 3 * imgsz * imgsz * 4)} of float images a step")
+    return "; ".join(parts)
 
 
 def smaller_batch(batch: int, gpus: int, sizes: Mapping[str, int], vram_free: int | None) -> int | None:

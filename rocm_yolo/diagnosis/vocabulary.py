@@ -18,24 +18,41 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-ENVIRONMENT, GPU_OOM, HOST_OOM, GPU_FAULT, GPU_HANG = "environment", "gpu-oom", "host-oom", "gpu-fault", "gpu-hang"
+from rocm_yolo.diagnosis import classes
+from rocm_yolo.diagnosis.classes import (
+    COLLECTIVE,
+    DATA_ERROR,
+    ENVIRONMENT,
+    GPU_FAULT,
+    GPU_HANG,
+    GPU_OOM,
+    HOST_OOM,
+    LOADER,
+    TRAINING_ERROR,
+    FailureClass,
+)
+
 NCCL_SHM = "NCCL shared-memory segment"  # a collective's word whose remedy is its own (diagnosis.remedies)
-COLLECTIVE, LOADER, DATA_ERROR, TRAINING_ERROR = "collective", "loader", "data-error", "training-error"
 
 
 @dataclass(frozen=True)
 class Word:
     """One thing a runtime says, what it means, and where it says it."""
 
-    cls: str  # the class it means
+    failure: FailureClass  # the class it means (its record)
     name: str  # how rocm-yolo names it: "hipErrorNoBinaryForGpu"
     pattern: re.Pattern
     source: str  # the runtime's source that prints it
     meaning: str = ""  # what it says of the failure, in a few words
 
+    @property
+    def cls(self) -> str:
+        """The name of the class it means."""
+        return self.failure.name
+
 
 def _w(cls: str, name: str, pattern: str, source: str, meaning: str = "", flags: int = 0) -> Word:
-    return Word(cls, name, re.compile(pattern, flags), source, meaning)
+    return Word(classes.named(cls), name, re.compile(pattern, flags), source, meaning)
 
 
 HIP_ERRORS = "ROCm/clr hipamd/src/hip_error.cpp (hipGetErrorString), printed by torch as 'HIP error: ...'"
@@ -53,6 +70,7 @@ ROCBLAS = "ROCm/rocBLAS library/src/tensile_host.cpp (the Tensile kernel library
 HIP_FATBIN = "ROCm/clr hipamd/src/hip_fatbin.cpp and hip_code_object.cpp (no code object for the device)"
 LINUX_ENOMEM = "Linux errno ENOMEM ('Cannot allocate memory'), C++ std::bad_alloc, CPython MemoryError"
 OPENCV = "opencv/opencv modules/core/src/alloc.cpp (OutOfMemoryError: 'Failed to allocate N bytes')"
+CUDNN = "NVIDIA cuDNN's cudnnGetErrorString (CUDNN_STATUS_*), printed by torch's aten/src/ATen/cudnn/Exceptions.h"
 ULTRALYTICS_DATA = "ultralytics/ultralytics ultralytics/data (load_image, verify_image_label, the label checks)"
 
 WORDS: tuple[Word, ...] = (
@@ -89,8 +107,9 @@ WORDS: tuple[Word, ...] = (
     _w(
         ENVIRONMENT,
         "no GPU visible",
-        r"No (?:HIP|CUDA) GPUs are available|no (?:ROCm|CUDA)-capable device is detected|hipErrorNoDevice",
-        TORCH_CUDA + "; " + HIP_ERRORS,
+        r"No (?:HIP|CUDA) GPUs are available|no (?:ROCm|CUDA)-capable device is detected|hipErrorNoDevice|"
+        r"Torch not compiled with CUDA enabled|CUDA driver initialization failed",
+        TORCH_CUDA + " (_lazy_init: a torch built without a GPU) and c10/cuda/CUDAFunctions.cpp; " + HIP_ERRORS,
         "the runtime sees no usable GPU (driver, permissions, visibility variables, or an unsupported card)",
     ),
     _w(
@@ -229,8 +248,14 @@ WORDS: tuple[Word, ...] = (
         HIP_ERRORS,
     ),
     _w(GPU_FAULT, "MIOpen error", r"MIOpen Error:[^\n]*|miopenStatus(?!Success)\w+", MIOPEN),
+    _w(GPU_FAULT, "cuDNN error", r"cuDNN error: [^\n]*|CUDNN_STATUS_(?!SUCCESS)\w+", CUDNN),
     _w(GPU_FAULT, "rocBLAS error", r"rocBLAS error:[^\n]*|rocblas_status_(?!success)\w+", ROCBLAS),
-    _w(GPU_FAULT, "HIP error", r"(?:HIP error: [^\n]*|\bhipError(?!Success)\w+)", HIP_ERRORS),
+    _w(
+        GPU_FAULT,
+        "HIP error",
+        r"(?:(?:HIP|CUDA) error: [^\n]*|\b(?:hip|cuda)Error(?!Success)\w+)",
+        HIP_ERRORS + "; the CUDA runtime's cudaGetErrorString and cudaGetErrorName (torch: 'CUDA error: ...')",
+    ),
     # --- the GPUs' collectives
     _w(
         COLLECTIVE,
@@ -300,6 +325,10 @@ WORDS: tuple[Word, ...] = (
     ),
 )
 
+# the GPU runtime's own words (HIP, HSA, MIOpen, rocBLAS, CUDA): before training, an exception that holds one is the
+# environment's (rocm_yolo.triage)
+GPU_RUNTIME: tuple[Word, ...] = tuple(word for word in WORDS if word.failure.gpu_runtime)
+
 # Line prefixes that launchers, quoting and logging put before a runtime's words: torch.distributed.run's
 # "[rank0]: ", mpirun's "[1,0]<stderr>:", a quoted post's "> ", markdown emphasis.
 _PREFIX = re.compile(r"^(?:\s*(?:\[rank\d+\]:|\[\d+,\d+\]<std(?:err|out)>:|>|\*\*|`)\s?)+", re.M)
@@ -318,3 +347,16 @@ def first(text: str, words: tuple[Word, ...] = WORDS) -> tuple[Word, str] | None
             end = text.find("\n", m.end())
             return word, text[text.rfind("\n", 0, m.start()) + 1 : end if end >= 0 else len(text)].strip()
     return None
+
+
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::(?:\s.*)?)?$")  # "torch.OutOfMemoryError: ..."
+
+
+def last_exception(traceback: str) -> str:
+    """The traceback's final ``Type: message`` line (a warning's ``path.py:55: UserWarning: ...`` is none)."""
+    lines = [
+        x
+        for x in clean(traceback).splitlines()
+        if x.strip() and not x.startswith((" ", "\t", "Traceback", "During", "The ", "^")) and _EXCEPTION_LINE.match(x)
+    ]
+    return lines[-1].strip() if lines else ""

@@ -99,6 +99,29 @@ def environment_fixes(
     return fixes
 
 
+OVERRIDE_SOURCE = (
+    "ROCm/rocm-systems#3461 and #5686 (libhsakmt refuses an override that is not the card's own: crashes, GPU "
+    "resets, hangs); ROCm/ROCT-Thunk-Interface#104 (HSA_OVERRIDE_GFX_VERSION_<node>: one card's own)"
+)
+
+
+def override_fix(card: str, value: str) -> Fix:
+    """An ``HSA_OVERRIDE_GFX_VERSION`` that runs ``card`` as another architecture: the card's known override, or
+    none."""
+    known = KNOWN_OVERRIDES.get(family(card))
+    if known is not None and known.good:
+        return Fix(
+            f"HSA_OVERRIDE_GFX_VERSION={known.good} for a {card} card instead of {value} (or none, with a torch built "
+            f"for {card})",
+            f"{known.source}; {OVERRIDE_SOURCE}",
+        )
+    return Fix(
+        f"no HSA_OVERRIDE_GFX_VERSION (unset it, and any HSA_OVERRIDE_GFX_VERSION_<node>): {value} runs the {card} "
+        f"card as another architecture; a torch built for {card} runs it as itself",
+        OVERRIDE_SOURCE,
+    )
+
+
 def kernel_matrix(release: str) -> Fix:
     return Fix(
         f"a Linux kernel that AMD's compatibility matrix lists for your ROCm release (this one runs {release})",

@@ -5,6 +5,8 @@ DataLoader worker use it, and so do the doctor, the conv self-test, the tests an
 
 - :mod:`.lifecycle`: dying with the parent (``PR_SET_PDEATHSIG``), the stack-dump signal, liveness;
 - :mod:`.tree`: process trees: start in a session, dump stacks, kill all of it, bounded helper commands;
+- :mod:`.kernel_view`: what the kernel says of a tree in /proc: where each thread waits, whether the processes move;
+- :mod:`.cgroup`: the run's memory cgroup: the OOM kills it counted, the memory it allows;
 - :mod:`.tagged`: commands started with a tag in their environment, all their processes found and stopped;
 - :mod:`.terminal`: a terminal that went away (EIO) is no failure: its writes dropped or kept in the run's log;
 - :mod:`.tee`: a child's stderr copied to the terminal as it comes, and kept (a bounded file, its tail in memory);

@@ -187,7 +187,7 @@ def dump_stacks(
     native = _py_spy_all(find_py_spy(), [p.pid for p in procs], py_spy_timeout)
     parts: list[str] = []
     for proc in procs:
-        role = "trainer" if proc.pid == pid else roles.get(proc.pid, _role(stacks_dir, proc.pid))
+        role = "trainer" if proc.pid == pid else roles.get(proc.pid, role_of(stacks_dir, proc.pid))
         try:
             cmdline = " ".join(proc.cmdline())[:300]
             status = proc.status()
@@ -212,7 +212,7 @@ def find_py_spy() -> str | None:
     return shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
 
 
-def _role(stacks_dir: Path, pid: int) -> str:
+def role_of(stacks_dir: Path, pid: int) -> str:
     """A process below the trainer: a DDP rank (a trainer of its own), a DataLoader worker, or other."""
     if (stacks_dir / f"trainer-{pid}.txt").is_file():
         return "rank"

@@ -124,6 +124,15 @@ class Failure:
     weak: bool = False  # the class was read from context alone: it counted toward no stop
 
 
+@dataclass
+class Still:
+    """A start-up whose processes have not moved (CPU time, I/O) since ``since``, or were stopped from outside."""
+
+    since: float  # wall clock
+    stopped: bool  # stopped (state T or t) by someone else than the supervisor's own job control
+    pids: list | None = None  # the processes stopped
+
+
 @dataclass(frozen=True)
 class WatchdogSettings:
     """The watchdog settings a run's supervisor ran with (``status`` judges a stall as it would)."""
@@ -157,6 +166,7 @@ class SupervisorState:
     detail: str | None = None  # what else the end says (e.g. "the final validation was interrupted")
     failures: list = field(default_factory=list)  # [Failure], each diagnosed (a resumed run's earlier ones first)
     verdict: list | None = None  # why the run stopped without retrying, and the known fixes (lines)
+    still: Still | None = None  # the attempt's start-up has not moved, or was stopped from outside (status says it)
 
     # what every supervisor.json has held: a file without one of them is not the record
     REQUIRED = ("supervisor_pid", "child_pid", "attempt", "profile", "restarts", "max_restarts", "lost_seconds")
@@ -197,6 +207,7 @@ class SupervisorState:
             failures=_each(Failure, failures) if isinstance(failures, list) else [],
             verdict=[str(x) for x in verdict] if isinstance(verdict, list) else None,
             detail=detail if isinstance(detail, str) else None,
+            still=_typed(Still, data["still"]) if isinstance(data.get("still"), dict) else None,
             **scalars,
         )
 

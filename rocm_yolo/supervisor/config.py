@@ -32,6 +32,8 @@ class WatchdogConfig:
     notify_timeout: float = 30.0  # a notify command still running after this is killed
     notify_grace: float = 5.0  # the run's last event: this long to be delivered before the command is killed
     kernel_log: str | None = None  # a file read as the kernel log instead of the system's (tests set it)
+    proc_root: str | None = None  # a folder read as /proc instead of the system's (tests set it)
+    cgroup_root: str | None = None  # a folder read as /sys/fs/cgroup instead of the system's (tests set it)
 
     def __post_init__(self):
         if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:

@@ -2,7 +2,9 @@
 diagnosed, its report written, and the remedy for it decided.
 
 The evidence is the exit, the stderr before and since the last progress, a hang's stacks, and the kernel log's lines
-of this attempt's own processes within its time (:mod:`rocm_yolo.diagnosis.evidence`); the class follows the
+of this attempt's own processes within its time, and beyond the text: the run's cgroup's OOM kills, a hang's
+threads as the kernel saw them, the labels after an index error, the GPU override against the cards
+(:mod:`rocm_yolo.diagnosis.evidence`); the class follows the
 runtimes' own texts (:mod:`rocm_yolo.diagnosis.diagnose`); the remedy, the run's earlier failures and the machine
 (:mod:`rocm_yolo.diagnosis.remedies`). Nothing here changes the run's record or says anything: the loop
 (:mod:`.loop`) does, with what :func:`diagnose_end` returns.
@@ -59,6 +61,9 @@ def diagnose_end(
         window=(began, ended),
         pids=pids,
         gpus=machine.gpus,
+        cgroup=end.cgroup,
+        threads=end.threads,
+        phase=end.hb.phase if end.hb else None,
     )
     diagnosis = diagnose(found)
     at = where(end.hb)

@@ -24,14 +24,14 @@ from typing import Callable
 
 from rocm_yolo import errors, triage
 from rocm_yolo.diagnosis import remedies
-from rocm_yolo.diagnosis.diagnose import GPU_CLASSES
+from rocm_yolo.diagnosis.classes import GPU_CLASSES, LADDER, P2P_OFF
 from rocm_yolo.diagnosis.evidence import Machine
 from rocm_yolo.gpu.release import Release, wait_released
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.nodes import SayAlive
 from rocm_yolo.run.spec import RunSpec
-from rocm_yolo.run.supervisor_state import Failure, Recovery, State, read_state, write_state
+from rocm_yolo.run.supervisor_state import Failure, Recovery, State, Still, read_state, write_state
 from rocm_yolo.supervisor import restart
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.failed import diagnose_end, hang_of
@@ -222,21 +222,23 @@ class Supervisor:
         return None
 
     def _restart(self, spec: RunSpec, restarts_left: int) -> RunSpec:
-        action = self.decision.action if self.decision is not None else remedies.LADDER
+        action = self.decision.action if self.decision is not None else LADDER
         failure = self.failures[-1] if self.failures else None
-        if failure is not None and (failure.cls in GPU_CLASSES or action == remedies.P2P_OFF):
+        if failure is not None and (failure.cls in GPU_CLASSES or action == P2P_OFF):
             self._wait_for_gpu()  # the GPUs of a hung attempt are busy until the driver lets it go
         self.remedy_env.update(self.decision.env if self.decision is not None else {})
-        spec = next_spec(spec, self.config.ladder if action == remedies.LADDER else (spec.profile,), self.log)
+        spec = next_spec(spec, self.config.ladder if action == LADDER else (spec.profile,), self.log)
         if self.remedy_env:
             spec = spec.with_changes(env={**spec.env, **self.remedy_env})
         self.result.restarts += 1
         pending = self.work.pending  # what the new attempt recovers from (its child tags the tracker run with it)
         how = f"with profile '{spec.profile}'"
-        if action != remedies.LADDER and failure is not None:
+        if action != LADDER and failure is not None:
             how = f"on the same profile '{spec.profile}' ({failure.cls}: the loader is not the cause)"
-        if action == remedies.P2P_OFF:
+        if action == P2P_OFF:
             how = f"on the same profile '{spec.profile}' {self.decision.reason}"
+        elif action == LADDER and self.decision is not None and self.decision.reason:
+            how += f" ({self.decision.reason})"  # host memory: what takes it
         self.reporter.event(
             "restart",
             f"restart {self.config.max_restarts - restarts_left}/{self.config.max_restarts} {how}"
@@ -274,6 +276,10 @@ class Supervisor:
             if first:
                 self._note_recovered(now, spec, child.pid, hb)
 
+        def still(pids: list[int], since: float | None, stopped: bool) -> None:  # status says it
+            self.result.still = Still(since, stopped, pids or None) if since is not None else None
+            self._write_state(State.RUNNING, spec, child_pid=child.pid)
+
         return Watch(
             child,
             spec,
@@ -285,6 +291,7 @@ class Supervisor:
             tick=self.reporter.tick,
             startup=self.startup,
             on_progress=progress,
+            on_still=still,
         ).run()
 
     def _heard(self, hb: Heartbeat | None) -> None:

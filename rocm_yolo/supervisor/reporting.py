@@ -4,7 +4,7 @@ The events of a run are ``started``, ``hang``, ``crash``, ``restart``, ``finishe
 (:data:`EVENTS`), one ``finished``, ``failed`` or ``stopped`` per run. Each is one object with ``event``, ``run``
 (the run directory, absolute), ``attempt``, ``profile`` and ``time`` (when it is written: ``events.jsonl`` is in
 time order), and where known ``epoch``, ``batch`` and ``phase`` (where the run was last heard), ``class``
-(:mod:`rocm_yolo.diagnosis.diagnose`), ``message``, ``exit_code`` and ``detected`` (a failure's notice, wall clock).
+(:mod:`rocm_yolo.diagnosis.classes`), ``message``, ``exit_code`` and ``detected`` (a failure's notice, wall clock).
 :class:`Reporter` writes it as a JSON line into ``RUN/rocm_yolo/events.jsonl`` (with
 the run log's other events), and, when the user gave ``--notify CMD`` (or ``ROCM_YOLO_NOTIFY``), runs CMD through
 the shell with the object on its standard input, one event after another in order: detached and bounded
@@ -14,7 +14,8 @@ The last event gets a few seconds to be delivered; then every command still runn
 
 It also keeps ``RUN/rocm_yolo/metrics.prom``, a Prometheus textfile (node_exporter's textfile collector reads it),
 written atomically before the notify command hears of the event: the epoch and batch, it/s, the heartbeat's age,
-restarts by class (one series per class from the first write on, each from 0), the state; every value exactly.
+restarts by class (one series per class of :data:`rocm_yolo.diagnosis.classes.CLASSES` from the first write on,
+each from 0), the state; every value exactly.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from rocm_yolo.diagnosis.diagnose import CLASSES
+from rocm_yolo.diagnosis.classes import NAMES as CLASSES
 from rocm_yolo.process.background import BackgroundCommands
 from rocm_yolo.run.atomic import write_atomic
 from rocm_yolo.run.events import RunLog

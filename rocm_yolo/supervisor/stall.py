@@ -1,4 +1,5 @@
-"""``StallDetector``: whether a run has stopped making progress. Knows nothing about processes."""
+"""``StallDetector``: whether a run has stopped making progress. Knows nothing about processes: what the kernel says
+of them (their state, CPU time and I/O bytes, :mod:`rocm_yolo.process.kernel_view`) is given to it."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import time
 from collections import deque
 
 from rocm_yolo.errors import OK
+from rocm_yolo.process.kernel_view import STOPPED, ProcessMove
 from rocm_yolo.run.heartbeat import FIRST_BATCH, Heartbeat
 from rocm_yolo.supervisor.config import WatchdogConfig
 
@@ -15,6 +17,11 @@ STOP_GRACE = 60.0  # a rank failed or was stopped: torch.distributed.run stops t
 FINISH_GRACE = 330.0  # every rank of this node finished: torch's agent waits for the other nodes (its exit barrier,
 # 300 s), and the store it hosts serves them meanwhile
 STOPPING, FINISHED = "stopping", "finished"
+# A start-up moves when its processes, together, used this much CPU or read and wrote this many bytes since it last
+# moved (a process that starts moves too): imports, a data set's scan and its cache do, a process stopped or stuck
+# in the kernel (a driver's first ioctl, an NFS mount gone away) does not.
+MOVE_CPU = 0.5  # seconds
+MOVE_IO = 64 << 10  # bytes (a slow download moves too)
 
 
 class StallDetector:
@@ -28,6 +35,11 @@ class StallDetector:
     progress too, and from the first one the attempt is ``ending``: the time its ranks and torch's
     agent take to go (a crash's teardown, the exit barrier of a node that finished first) is no
     hang within :data:`STOP_GRACE` or :data:`FINISH_GRACE`.
+
+    The start-up allowance is for a start-up that moves: fed the attempt's processes' counters
+    (:meth:`observe_movement`), a start-up whose processes have not moved for the stall timeout (the floor) is a
+    hang then, whatever the allowance; so is one whose processes were stopped by someone else than the supervisor's
+    own job control (its time stopped is given to :meth:`pause`, and it continues the tree before it watches again).
     """
 
     def __init__(self, config: WatchdogConfig, now: float, window: int = 30, startup: float | None = None):
@@ -40,6 +52,10 @@ class StallDetector:
         self.steps: deque[float] = deque(maxlen=window)
         self.exits = 0  # ranks that said they end
         self.ending: str | None = None  # STOPPING or FINISHED once a rank said it ends
+        self.moved: dict[int, ProcessMove] | None = None  # the counters when the attempt's processes last moved
+        self.moved_at = now
+        self.stopped: dict[int, str] = {}  # processes stopped (state T or t) from outside: pid -> state
+        self.stopped_at = now
 
     def observe(self, hb: Heartbeat | None, now: float) -> bool:
         """Feed the latest heartbeat; True when it shows progress."""
@@ -64,9 +80,25 @@ class StallDetector:
         self.ending = FINISHED if done else STOPPING
         return True
 
+    def observe_movement(self, found: dict[int, ProcessMove] | None, now: float) -> bool:
+        """Feed the attempt's processes' counters (None: not readable); True when they moved."""
+        if found is None:
+            return False
+        stopped = {pid: m.state for pid, m in found.items() if m.state in STOPPED}
+        if stopped and not self.stopped:
+            self.stopped_at = now
+        self.stopped = stopped
+        if self.moved is None or _moved(self.moved, found):
+            self.moved, self.moved_at = found, now
+            return True
+        return False
+
     def pause(self, seconds: float) -> None:
-        """The run was stopped on purpose (Ctrl-Z) for ``seconds``: not time without progress."""
+        """The run was stopped on purpose (Ctrl-Z) for ``seconds``: not time without progress, nor without
+        movement."""
         self.last_progress += seconds
+        self.moved_at += seconds
+        self.stopped_at += seconds
 
     def timeout(self) -> float:
         t = max(self.config.stall_timeout, self.config.step_multiplier * max(self.steps, default=0.0))
@@ -79,8 +111,46 @@ class StallDetector:
     def stalled_for(self, now: float) -> float:
         return now - self.last_progress
 
+    def floor(self) -> float:
+        """The stall timeout as training has it (the start-up allowance aside)."""
+        return max(self.config.stall_timeout, self.config.step_multiplier * max(self.steps, default=0.0))
+
+    def still_for(self, now: float) -> float:
+        """Seconds the attempt's processes have not moved (0 when no reading came)."""
+        return max(now - self.moved_at, 0.0) if self.moved is not None else 0.0
+
+    def still(self, now: float) -> bool:
+        """A start-up that has not moved for the stall timeout, or whose processes have been stopped from outside
+        that long: a hang, though its allowance is longer."""
+        if self.trained or self.ending is not None or self.timeout() <= self.floor():
+            return False
+        floor = self.floor()
+        stopped = bool(self.stopped) and now - self.stopped_at > floor
+        return self.stalled_for(now) > floor and (self.still_for(now) > floor or stopped)
+
     def stalled(self, now: float) -> bool:
-        return self.stalled_for(now) > self.timeout()
+        return self.stalled_for(now) > self.timeout() or self.still(now)
+
+    def why_still(self, now: float) -> str:
+        """What the kernel said of a start-up found :meth:`still`: for the hang line."""
+        said = f"its processes have not moved (CPU time, I/O) for {self.still_for(now):.0f} s"
+        if self.stopped:
+            pids = ", ".join(str(p) for p in self.stopped)
+            said += f" and pid {pids} {'is' if len(self.stopped) == 1 else 'are'} stopped (not by rocm-yolo's Ctrl-Z)"
+        return f"{said}: the {self.startup:.0f} s start-up allowance is for a start-up that moves"
+
+
+def _moved(before: dict[int, ProcessMove], now: dict[int, ProcessMove]) -> bool:
+    """Whether the processes ``now`` used :data:`MOVE_CPU` or read and wrote :data:`MOVE_IO` since ``before``, or
+    one of them started since (a pid of another process than before is another one)."""
+    cpu = io = 0.0
+    for pid, m in now.items():
+        was = before.get(pid)
+        if was is None or was.start != m.start:
+            return True
+        cpu += max(m.cpu - was.cpu, 0.0)
+        io += max(m.io - was.io, 0) if m.io >= 0 and was.io >= 0 else 0
+    return cpu >= MOVE_CPU or io >= MOVE_IO
 
 
 class Startup:

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Protocol
 
 from rocm_yolo import environment
-from rocm_yolo.process import tree
+from rocm_yolo.process import kernel_view, tree
+from rocm_yolo.process.kernel_view import ProcessMove, ThreadView
 from rocm_yolo.process.tee import Tee
 from rocm_yolo.run import heartbeat
 from rocm_yolo.run.devices import launches_ranks, world_size
@@ -58,6 +59,12 @@ class Child(Protocol):
 
     def blocked_on_terminal(self) -> int | None:
         """A process of its tree that waits for its terminal to take its output (a pid), or None."""
+
+    def threads(self) -> tuple[ThreadView, ...]:
+        """The kernel's view of each thread of its tree now: state, wchan, system call (a hang's evidence)."""
+
+    def movement(self) -> dict[int, ProcessMove] | None:
+        """Each process of its tree: state, CPU time, I/O bytes now; None when it cannot be read (no /proc)."""
 
     def kill(self) -> list[int]:
         """Stop its whole tree; the pids still alive after SIGKILL."""
@@ -185,6 +192,15 @@ class TrainerProcess:
 
     def blocked_on_terminal(self) -> int | None:
         return tree.blocked_on_terminal(self.pid)
+
+    def threads(self) -> tuple[ThreadView, ...]:
+        stacks = self.spec.paths.stacks
+        roles = {p: "trainer" if p == self.pid else tree.role_of(stacks, p) for p in self.pids()}
+        return kernel_view.threads(list(roles), roles, self.config.proc_root)
+
+    def movement(self) -> dict[int, ProcessMove] | None:
+        found = kernel_view.movement(self.pids(), self.config.proc_root)
+        return found or None  # not even the trainer's own files: nothing to judge movement by
 
     def kill(self) -> list[int]:
         left = tree.kill(self.pid, self.config.term_timeout, self.config.kill_timeout)

@@ -5,7 +5,15 @@ the stacks first, while the tree is still there.
 
 Start-up is watched as the steps the trainer reports (:data:`rocm_yolo.run.heartbeat.STEPS`): what is slow before
 training gets its allowance (the startup grace, or a restart's measured on the run's own first start-up,
-:class:`.stall.Startup`), while a loader iterated for its first batch is waited for as any other batch.
+:class:`.stall.Startup`), while a loader iterated for its first batch is waited for as any other batch. The
+allowance is for a start-up that moves: until the first trained batch, the attempt's processes' state, CPU time
+and I/O bytes are read every :data:`MOVEMENT_EVERY` seconds, as the heartbeat is
+(:meth:`.trainer_process.Child.movement`), and one that has not moved for the stall timeout, or was stopped from
+outside, is a hang.
+
+What the failure's report needs of the machine at the attempt's ends is read here too, while the tree is there:
+the run's memory cgroup (its OOM kills and limit, :mod:`rocm_yolo.process.cgroup`) at the start and the end, and
+on a hang the kernel's view of each thread (:meth:`.trainer_process.Child.threads`).
 """
 
 from __future__ import annotations
@@ -15,6 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from rocm_yolo.process import cgroup
+from rocm_yolo.process.cgroup import CgroupMemory
+from rocm_yolo.process.kernel_view import ThreadView
 from rocm_yolo.process.lifecycle import signal_name
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.heartbeat import STEPS, Heartbeat
@@ -25,6 +36,9 @@ from rocm_yolo.supervisor.signals import Signals
 from rocm_yolo.supervisor.stall import FINISHED, StallDetector, Startup, ending_note, lingering, ranks_heard
 from rocm_yolo.supervisor.states import EXIT_STATES
 from rocm_yolo.supervisor.trainer_process import Child
+
+MOVEMENT_EVERY = 1.0  # seconds between two readings of a start-up's processes
+STILL_TOLD = 5.0  # a start-up that has not moved this long is said in supervisor.json (for status)
 
 
 @dataclass
@@ -40,6 +54,8 @@ class AttemptEnd:
     at: float = 0.0  # the loop's clock then
     stalled: float = 0.0  # a hang: seconds without progress
     stacks: Path | None = None  # a hang: where its stacks went
+    cgroup: tuple[CgroupMemory, CgroupMemory] | None = None  # a failure: the run's cgroup at the start and the end
+    threads: tuple[ThreadView, ...] = ()  # a hang: the kernel's view of each thread of the tree
 
 
 def where(hb: Heartbeat | None) -> str:
@@ -53,7 +69,9 @@ def where(hb: Heartbeat | None) -> str:
 
 class Watch:
     """Watches ``child`` until its attempt ends. ``on_progress(hb, now, first)`` hears each heartbeat of the lead
-    rank that shows progress (``first``: its first trained batch of the attempt)."""
+    rank that shows progress (``first``: its first trained batch of the attempt); ``on_still(pids, since, stopped)``
+    hears when the start-up's processes stop moving (since ``since``, wall clock; ``stopped``: stopped from outside)
+    and move again (``since`` None)."""
 
     def __init__(
         self,
@@ -68,11 +86,15 @@ class Watch:
         tick: Callable[[Heartbeat | None], None],
         startup: Startup,
         on_progress: Callable[[Heartbeat, float, bool], None],
+        on_still: Callable[[list[int], float | None, bool], None] | None = None,
     ):
         self.child, self.spec, self.config = child, spec, config
         self.clock, self.sleep, self.signals, self.log, self.tick = clock, sleep, signals, log, tick
-        self.startup, self.on_progress = startup, on_progress
+        self.startup, self.on_progress, self.on_still = startup, on_progress, on_still
         self.began = clock()
+        self.cgroup = cgroup.read(config.proc_root, config.cgroup_root)  # its OOM kills before this attempt
+        self.read_at = -MOVEMENT_EVERY
+        self.told: tuple | None = None  # what on_still heard last
         # the run's own first start-up gives a restart its allowance (more than one machine: the grace holds,
         # a restart's rendezvous waits for the other nodes)
         allowance = None if spec.nodes is not None else startup.allowance(config)
@@ -88,6 +110,7 @@ class Watch:
             return self._run()
         finally:
             self.signals.child = None
+            self._tell_still(None)  # the attempt is over: status has no start-up to tell of
 
     def _run(self) -> AttemptEnd:
         child, detector = self.child, self.detector
@@ -105,6 +128,7 @@ class Watch:
             for beat in child.heartbeats():
                 self._heard(beat, now)
             detector.observe_exits(child.exits, child.rank_count, now)  # the ranks said they end: their tree goes
+            self._movement(now)
             if rc is not None:
                 return self._exited(rc, now)
             if self.config.enabled and detector.stalled(now):
@@ -116,6 +140,30 @@ class Watch:
                 return self._stalled(now)
             self.tick(self.hb)
             self.sleep(self.config.poll_interval)
+
+    def _movement(self, now: float) -> None:
+        """Until the first trained batch, the attempt's processes' counters, every :data:`MOVEMENT_EVERY` seconds (on
+        one machine: on several, a rendezvous waits for the other nodes without moving); a start-up that stops
+        moving for a while (or whose processes were stopped from outside) is told, for ``status``."""
+        if self.training or self.spec.nodes is not None or now - self.read_at < MOVEMENT_EVERY:
+            return
+        self.read_at = now
+        detector = self.detector
+        detector.observe_movement(self.child.movement(), now)
+        if detector.stopped:
+            self._tell_still((sorted(detector.stopped), True), now - detector.stopped_at)
+        elif detector.still_for(now) >= STILL_TOLD:
+            self._tell_still(([], False), detector.still_for(now))
+        else:
+            self._tell_still(None)
+
+    def _tell_still(self, told: tuple | None, seconds: float = 0.0) -> None:
+        """``on_still`` hears a change: processes stopped from outside, a start-up still for :data:`STILL_TOLD`
+        seconds or more, or neither any more (``told`` None)."""
+        if told != self.told and self.on_still is not None:
+            pids, stopped = told or ([], False)
+            self.on_still(pids, None if told is None else time.time() - seconds, stopped)
+        self.told = told
 
     def _waits_for_terminal(self, now: float) -> bool:
         """A tree that waits for its terminal to take its output (Ctrl-S, a paused pager) is not hung: its time
@@ -145,7 +193,13 @@ class Watch:
         if progress:
             first = not self.training and beat.batches_total > 0
             self.training = self.training or first
+            if first:
+                self._tell_still(None)  # training: its heartbeats say it moves
             self.on_progress(beat, now, first)
+
+    def _ends(self) -> tuple[CgroupMemory, CgroupMemory]:
+        """The run's cgroup at this attempt's start and now (its OOM kills in between)."""
+        return self.cgroup, cgroup.read(self.config.proc_root, self.config.cgroup_root)
 
     def _exited(self, rc: int, now: float) -> AttemptEnd:
         if rc in EXIT_STATES:
@@ -161,6 +215,7 @@ class Watch:
             stderr=stderr,
             detected=time.time(),
             at=now,
+            cgroup=self._ends(),
         )
 
     def _stalled(self, now: float) -> AttemptEnd:
@@ -168,7 +223,11 @@ class Watch:
         at = where(hb) + ranks_heard(child.ranks) + ending_note(detector, child.exits)
         stalled = detector.stalled_for(now)
         detected = time.time()
-        self.log.info(f"no progress for {stalled:.0f} s (timeout {detector.timeout():.0f} s) at {at}: hang")
+        if detector.still(now) and stalled <= detector.timeout():  # a start-up that does not move
+            self.log.info(f"no progress for {stalled:.0f} s at {at}; {detector.why_still(now)}: hang")
+        else:
+            self.log.info(f"no progress for {stalled:.0f} s (timeout {detector.timeout():.0f} s) at {at}: hang")
+        threads = child.threads()  # where each thread waits, before the stack dump's signals and the kill
         out = spec.paths.hang_stacks(spec.attempt)  # attempts count on across resumes
         try:
             path = child.dump_stacks(out)
@@ -185,4 +244,6 @@ class Watch:
             at=now,
             stalled=round(stalled, 1),
             stacks=path,
+            cgroup=self._ends(),
+            threads=threads,
         )

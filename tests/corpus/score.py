@@ -9,8 +9,9 @@ the kernel log of the run's processes and cards, the rest as the child's stderr 
 the post shows it; a post without a kernel line is taken as a machine whose kernel log cannot be read (a container),
 where most come from.
 
-A call is **harmful** when its remedy does harm: a loader, data, training or host-memory failure called a class that
-stops the run at once, or a GPU or environment failure sent down the loader ladder.
+A call is **harmful** when its remedy does harm (each class's record says which: ``stop_harms``, ``ladder_harms``): a
+loader, data, training or host-memory failure called a class that stops the run at once, or a GPU or environment
+failure sent down the loader ladder.
 
 ``python tests/corpus/score.py`` prints the per-class table (docs/watchdog.md holds it) and each wrong call.
 """
@@ -26,15 +27,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))  # run as a script from anywhere: the checkout's rocm_yolo
 
+from rocm_yolo.diagnosis.classes import CLASSES, LADDER  # noqa: E402
 from rocm_yolo.diagnosis.diagnose import diagnose  # noqa: E402
 from rocm_yolo.diagnosis.record import Diagnosis, Evidence  # noqa: E402
-from rocm_yolo.diagnosis.remedies import LADDER, Context, decide  # noqa: E402
+from rocm_yolo.diagnosis.remedies import Context, decide  # noqa: E402
 from rocm_yolo.gpu import kernel_log  # noqa: E402
 from rocm_yolo.run.supervisor_state import Failure  # noqa: E402
 
 FILES = ("failures.jsonl", "gathered.jsonl", "heldout.jsonl", "heldout2.jsonl", "measured.jsonl")
-CALM = ("loader", "data-error", "training-error", "host-oom")  # failures a retry may cure: never stopped at once
-GPU_SIDE = ("gpu-fault", "gpu-hang", "environment")  # failures a lighter loader cannot cure
+CALM = tuple(c.name for c in CLASSES if c.stop_harms)  # failures a retry may cure: never stopped at once
+GPU_SIDE = tuple(c.name for c in CLASSES if c.ladder_harms)  # failures a lighter loader cannot cure
+LABELS = tuple(c.name for c in CLASSES if c.name != "unknown")  # what a case's resolution may say it was
 _DMESG = re.compile(r"^\s*\[\s*\d+\.\d+\]")
 
 

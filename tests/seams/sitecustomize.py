@@ -5,7 +5,9 @@ it, active when its environment variable is set, with the Ultralytics or rocm-yo
 
 - :mod:`seam_cpu_ddp` (``ROCM_YOLO_TEST_CPU_DDP=1``): Ultralytics' multi-GPU (DDP) training on CPU ranks with
   gloo; ``kfd/nodes`` beside it is a machine of two GPUs for ``ROCM_YOLO_KFD_ROOT``;
-- :mod:`seam_kernel_log` (``ROCM_YOLO_TEST_KERNEL_LOG=FILE``): the watchdog reads a test's file as the kernel log.
+- :mod:`seam_kernel_log` (``ROCM_YOLO_TEST_KERNEL_LOG=FILE``): the watchdog reads a test's file as the kernel log;
+- :mod:`seam_roots` (``ROCM_YOLO_TEST_PROC_ROOT=DIR``, ``ROCM_YOLO_TEST_CGROUP_ROOT=DIR``): the watchdog reads a test's
+  folders as ``/proc`` and ``/sys/fs/cgroup``.
 
 Each patch runs right after its module is executed, wherever that module is first imported. The package never
 imports any of this: it lives in ``tests/`` only.
@@ -19,8 +21,9 @@ import sys
 
 import seam_cpu_ddp
 import seam_kernel_log
+import seam_roots
 
-SEAMS = (seam_cpu_ddp, seam_kernel_log)
+SEAMS = (seam_cpu_ddp, seam_kernel_log, seam_roots)
 
 
 class _Finder(importlib.abc.MetaPathFinder):

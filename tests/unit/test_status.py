@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+
+import psutil
 
 from rocm_yolo import status
 from rocm_yolo.run.paths import RunPaths
@@ -273,3 +277,54 @@ def test_a_multi_node_run_shows_the_runs_resume_once(tmp_path):
     checkpoint(RunPaths(node0.run_dir).last, 1)
     text = status.render(status.collect(node0.run_dir, now=NOW))
     assert "node 1:" in text and text.count("resume:") == 1 and "resume:    from the start of epoch 3/3" in text
+
+
+def stop(pid: int) -> None:
+    """SIGSTOP ``pid``, and wait until the kernel shows it stopped."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while psutil.Process(pid).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def test_a_trainer_stopped_from_outside_or_a_start_up_that_does_not_move_is_said_with_how_long(tmp_path):
+    """Issue 44: 'running, heartbeat 562 s ago' with no word of a stopped process is what status said before."""
+    paths = write_run(tmp_path, age=40)
+    record = json.loads(paths.supervisor.read_text())
+    record["still"] = {"since": NOW - 35, "stopped": False, "pids": None}
+    paths.supervisor.write_text(json.dumps(record))
+    text = status.render(status.collect(paths.run_dir, now=NOW))
+    assert "trainer:   its start-up has not moved (CPU time, I/O) for 35 s" in text
+    trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stop(trainer.pid)
+        record.update(child_pid=trainer.pid, still={"since": NOW - 12, "stopped": True, "pids": [trainer.pid]})
+        paths.supervisor.write_text(json.dumps(record))
+        info = status.collect(paths.run_dir, now=NOW)
+        assert info["stopped"] and info["still_seconds"] == 12
+        assert (
+            "trainer:   stopped (state T: a SIGSTOP or a debugger, not rocm-yolo's Ctrl-Z) for 12 s"
+            in status.render(info)
+        )
+    finally:
+        trainer.kill()
+        trainer.wait()
+    # Ctrl-Z: the supervisor stopped its tree and itself (job control): a stopped supervisor and its stopped child
+    job = "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])"
+    supervisor = subprocess.Popen([sys.executable, "-c", f"{job}; print(c.pid, flush=True); time.sleep(60)"],
+                                  stdout=subprocess.PIPE, text=True)  # fmt: skip
+    child = int(supervisor.stdout.readline())
+    try:
+        stop(child)
+        stop(supervisor.pid)
+        record.update(supervisor_pid=supervisor.pid, child_pid=child, still=None)
+        paths.supervisor.write_text(json.dumps(record))
+        said = status.render(status.collect(paths.run_dir, now=NOW))
+        assert "stopped with its supervisor (Ctrl-Z)" in said and "not rocm-yolo's" not in said
+    finally:
+        os.kill(child, signal.SIGKILL)
+        supervisor.kill()
+        supervisor.wait()
+    record.update(supervisor_pid=os.getpid(), still=None)
+    paths.supervisor.write_text(json.dumps(record))
+    assert "trainer:" not in status.render(status.collect(paths.run_dir, now=NOW))  # gone, or moving: nothing to say

@@ -28,7 +28,7 @@ def test_real_failures_are_named_right_and_none_gets_a_harmful_remedy():
 def test_every_case_has_its_thread_and_a_known_label():
     for case in score.cases():  # measured.jsonl: failures made on a lent GPU by benchmarks/gpu_acceptance.py's step 6
         assert case.source.startswith(("https://github.com/", "gpu_acceptance on ")), case.id
-        assert case.label in score.CALM + score.GPU_SIDE + ("gpu-oom", "collective"), case.id
+        assert case.label in score.LABELS, case.id
 
 
 def test_the_table_in_the_docs_is_the_one_the_corpus_gives_today():

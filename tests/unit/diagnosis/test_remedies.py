@@ -6,8 +6,9 @@ from dataclasses import replace
 
 from rocm_yolo import errors
 from rocm_yolo.diagnosis import remedies
+from rocm_yolo.diagnosis.classes import LADDER, P2P_OFF, SAME, STOP
 from rocm_yolo.diagnosis.record import Diagnosis
-from rocm_yolo.diagnosis.remedies import LADDER, P2P_OFF, SAME, STOP, Context, decide, smaller_batch
+from rocm_yolo.diagnosis.remedies import Context, decide, smaller_batch
 from rocm_yolo.run.supervisor_state import Failure
 
 

@@ -176,3 +176,31 @@ def test_a_stopped_run_tells_the_notify_command_it_stopped(spec, tmp_path):
     assert sup.run().exit_code == errors.INTERRUPTED
     events = [json.loads(line) for line in heard.read_text().splitlines()]
     assert [e["event"] for e in events] == ["started", "stopped"] and events[1]["exit_code"] == 130
+
+
+def test_an_index_error_has_the_labels_checked_and_one_out_of_range_makes_it_a_data_error(tmp_path):
+    """Issue 44: the labels of the split the attempt was in, checked against nc after an index error; the label
+    file and line are named, and the remedy is a data error's (the same profile)."""
+    from rocm_yolo.launch.demo import write_demo
+
+    data = write_demo(tmp_path / "demo", train=4, val=2, size=32)
+    label = sorted((data.parent / "labels" / "train").glob("*.txt"))[1]
+    label.write_text(label.read_text() + "5 0.5 0.5 0.1 0.1\n")
+    r = resolve("fast", 2, cpu_count=4)
+    spec = RunSpec(str(data), "yolo26n.yaml", str(tmp_path / "run"), "fast", r.loader, r.val, {"epochs": 3})
+    clock = Clock()
+
+    def failing(c):
+        spec.paths.run_dir.mkdir(parents=True, exist_ok=True)
+        spec.paths.crash(1).write_text(  # as the child writes it
+            'Traceback (most recent call last):\n  File "/x/torch/nn/functional.py", line 9, in cross_entropy\n'
+            "IndexError: Target 5 is out of bounds.\n"
+        )
+        return at(c, code=1)
+
+    result, made = supervise(spec, Children(clock, failing, healthy), clock, CONFIG)
+    [failure] = result.failures
+    assert failure.cls == "data-error" and f"{label}:" in failure.title and "class id 5 out of range" in failure.title
+    assert result.exit_code == errors.OK and made[1].profile == "fast"  # the same profile: the loader is not the cause
+    report = Path(failure.report).read_text()
+    assert "train label files checked against nc=3" in report

@@ -240,25 +240,9 @@ def test_ctrl_z_stops_the_tree_with_the_supervisor_and_the_time_stopped_is_no_ha
     clock = Clock()
     child = steady(clock, 200, 1)
     stopped = []
-
-    def stop_self():
-        stopped.append(child.paused)
-        clock.now += 1000
-
-    def sleep(dt):
-        clock.sleep(dt)
-        if clock.now == 50:
-            sup.signals.suspend_requested = True
-
-    sup = Supervisor(
-        spec,
-        CONFIG,
-        child_factory=lambda s, c: child,
-        clock=clock,
-        sleep=sleep,
-        log=RunLog(stream=open(os.devnull, "w")),
-        stop_self=stop_self,
-    )
+    sup = fakes.suspended(spec, child, clock, CONFIG, at=50, seconds=1000)
+    stop_self = sup.signals.stop_self
+    sup.signals.stop_self = lambda: (stopped.append(child.paused), stop_self())
     result = sup.run()
     assert stopped == [True] and child.paused is False  # paused while the supervisor was stopped, then continued
     assert result.exit_code == errors.OK and result.hangs == []

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fakes import Clock, ScriptedChild, beat
 from rocm_yolo import errors
-from rocm_yolo.diagnosis.diagnose import CLASSES
+from rocm_yolo.diagnosis.classes import NAMES as CLASSES
 from rocm_yolo.diagnosis.evidence import Machine
 from rocm_yolo.run.events import RunLog, read_events
 from rocm_yolo.run.paths import RunPaths
