@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import types
+from dataclasses import replace
 
 import pytest
 
@@ -21,7 +22,7 @@ from rocm_yolo.ddp.rendezvous import NodeRendezvous
 from rocm_yolo.ddp.torchrun import RENDEZVOUS_FAILED, RENDEZVOUS_TIMEOUT
 from rocm_yolo.run import heartbeat
 from rocm_yolo.run.events import RunLog
-from rocm_yolo.run.nodes import Nodes, NodeStop, join_round, record_stop
+from rocm_yolo.run.nodes import Nodes, NodeStop, join_round, mark_round_started, record_stop
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.profiles import resolve
 from rocm_yolo.run.spec import RunSpec
@@ -219,3 +220,48 @@ def test_a_stop_reaches_torchs_agent_once_however_often_it_comes(tmp_path):
     code, stopped = launcher._wait(agent, start=None, relay=relay, rdzv=None)
     assert stopped == signal.SIGTERM and code == 0
     assert count.read_text() == "x"  # forwarded once
+
+
+def test_min_max_nodes_go_on_after_the_last_call_and_a_node_in_a_later_round_makes_this_one_regroup(tmp_path):
+    """--nnodes 1:3: torch's agent gets MIN:MAX and a last call of --rdzv-timeout inside a join timeout twice that
+    (or the join timeout would fire first). A node that opens a later round while this node's ranks train (it came
+    back) makes this node's launcher stop torch's agent and end with REGROUP; not while no rank runs yet (it waits
+    in the rendezvous), and not for its own round."""
+    spec = node_spec(tmp_path, node=0, count=3, round_number=2)
+    spec = spec.with_changes(nodes=replace(spec.nodes, minimum=1))
+    clock = Clock()
+    rdzv = NodeRendezvous(spec, quiet(), clock=clock)
+    flags = dict(zip(*[iter(rdzv.command("spec.json", 2, "torchrun.log")[4:-3])] * 2))
+    assert flags["--nnodes"] == "1:3" and flags["--rdzv-conf"] == "join_timeout=200,last_call_timeout=100"
+    join_round(spec.paths, "fast", after=1)
+    mark_round_started(spec.paths, 2)
+    agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        rdzv._regroup(agent)  # round 2 is this node's own
+        assert agent.poll() is None and rdzv.regroup is None
+        join_round(spec.paths.for_node(1), "fast")  # node 1 comes back: round 2 runs, so it opens round 3
+        assert rdzv.wait(agent, heard=lambda: True) == -signal.SIGTERM
+    finally:
+        agent.kill()
+    assert rdzv.regroup == 3
+
+
+def test_a_node_whose_supervisor_stopped_counting_is_gone_and_one_that_counts_is_not(tmp_path):
+    from rocm_yolo.run.nodes import lost_nodes, say_alive
+
+    spec = node_spec(tmp_path, node=0, count=3)
+    paths = spec.paths
+    say_alive(paths.for_node(1), 5)  # node 1 counted once, and never again; node 2 never did
+    clock = Clock()
+
+    def sleep(dt: float) -> None:
+        clock.now += dt
+
+    assert lost_nodes(paths, spec.nodes, clock, sleep, wait=15.0) == [1, 2] and clock.now >= 1015.0
+    ticks = iter(range(6, 100))
+
+    def sleep_while_node_1_counts(dt: float) -> None:
+        clock.now += dt
+        say_alive(paths.for_node(1), next(ticks))
+
+    assert lost_nodes(paths, spec.nodes, clock, sleep_while_node_1_counts, wait=15.0) == [2]

@@ -126,3 +126,28 @@ def test_bad_node_flags_exit_2_in_one_line_and_leave_nothing(tmp_path):
         )
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("rocm-yolo: error:"), r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_nnodes_min_max_is_torchs_form_and_a_fixed_count_stays_one():
+    flags = {"node_rank": 0, "endpoint": "node01:29400", "env": {}}
+    elastic = cluster.resolve("1:2", **flags)
+    assert (elastic.count, elastic.minimum, elastic.elastic, elastic.nnodes) == (2, 1, True, "1:2")
+    assert list(elastic.counts) == [1, 2] and "going on with 1 or more" in elastic.describe()
+    fixed = cluster.resolve("2", **flags)
+    assert (fixed.minimum, fixed.elastic, fixed.nnodes, list(fixed.counts)) == (None, False, "2", [2])
+    same = cluster.resolve("2:2", **flags)  # MIN = MAX: a fixed count
+    assert same.minimum is None and same.nnodes == "2"
+    for bad in ("2:1", "0:2", "a:2", "1:", ":2", "1:2:3"):
+        with pytest.raises(UsageError, match="MIN:MAX") as caught:
+            cluster.resolve(bad, **flags)
+        assert "\n" not in str(caught.value)
+
+
+def test_every_round_an_elastic_run_may_have_must_keep_each_step_on_two_gpus_or_more():
+    from rocm_yolo.run.devices import Layout, check_rounds
+
+    check_rounds(Layout(4, 2), per_node=2, counts=range(1, 3), where="--nnodes 1:2")  # 2 or 4 GPUs: both fit
+    with pytest.raises(UsageError, match=r"--nnodes 2:3: a round of 2 nodes \(4 GPUs\).*every round has 1, 2, 3, 6"):
+        check_rounds(Layout(6, 4), per_node=2, counts=range(2, 4), where="--nnodes 2:3")
+    with pytest.raises(UsageError, match="one rank alone"):
+        check_rounds(Layout(2, 4), per_node=1, counts=range(1, 3), where="--nnodes 1:2")
