@@ -10,8 +10,8 @@ Between rocm-yolo's own processes (one sets it, a descendant reads it):
 - :data:`HEARTBEAT_FIFO`: on several GPUs, the DDP launcher's FIFO each rank writes its heartbeat lines into;
 - :data:`TORCHRUN_PID`: on several GPUs, the ``torch.distributed.run`` each rank dies with;
 - :data:`TRAINER_PID`, :data:`RUN_DIR`: the trainer a fork server dies with, and where it records itself;
-- :data:`FORKSERVER_IMPORTS`: the file of modules the fork server imports before it forks
-  (:mod:`rocm_yolo.process.preimport`);
+- :data:`FORKSERVER_IMPORTS`: the descriptor (a pipe from the trainer) of the modules the fork server imports
+  before it forks (:mod:`rocm_yolo.process.preimport`);
 - :data:`NODE`: on more than one machine, rocm-yolo's id of this node: every process of its tree writes its
   files into the node's own folder of the run (:class:`rocm_yolo.run.paths.RunPaths`).
 
@@ -33,8 +33,8 @@ Torch's launcher sets :data:`RANK`, :data:`LOCAL_RANK`, :data:`WORLD_SIZE` and :
 as Ultralytics reads them; rocm-yolo sets :data:`SHARE_RDZV_STORE_OFF` for it on more than one machine (pytorch#135712).
 
 Read from a scheduler, on more than one machine with no node flags (:mod:`rocm_yolo.launch.cluster`):
-SLURM's :data:`SLURM_NNODES`, :data:`SLURM_NODEID`, :data:`SLURM_JOB_NODELIST` (older: :data:`SLURM_NODELIST`)
-and :data:`SLURM_JOB_ID` (older: :data:`SLURM_JOBID`); :data:`MASTER_ADDR` and :data:`MASTER_PORT` win when set.
+SLURM's :data:`SLURM_NNODES`, :data:`SLURM_NODEID` and :data:`SLURM_JOB_NODELIST` (older: :data:`SLURM_NODELIST`);
+:data:`MASTER_ADDR` and :data:`MASTER_PORT` win when set (no port given: the run draws its own).
 """
 
 from __future__ import annotations
@@ -78,8 +78,6 @@ SLURM_NNODES = "SLURM_NNODES"
 SLURM_NODEID = "SLURM_NODEID"
 SLURM_JOB_NODELIST = "SLURM_JOB_NODELIST"
 SLURM_NODELIST = "SLURM_NODELIST"
-SLURM_JOB_ID = "SLURM_JOB_ID"
-SLURM_JOBID = "SLURM_JOBID"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 

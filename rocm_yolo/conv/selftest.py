@@ -40,7 +40,7 @@ from rocm_yolo.environment import cache_dir
 from rocm_yolo.errors import one_line
 from rocm_yolo.gpu.torch_build import torch_build
 from rocm_yolo.process.lifecycle import signal_name
-from rocm_yolo.process.tree import run_bounded
+from rocm_yolo.process.tree import python, run_bounded
 from rocm_yolo.run import hooks
 from rocm_yolo.run.atomic import write_atomic
 
@@ -127,9 +127,7 @@ def _child_main(device: str, strategies: list[str], amp: bool, timing: Timing) -
 def _run_child(device, strategies, amp, timing: Timing, budget, env):
     """One child run: (results, in-progress strategy or None, why the child ended badly or None)."""
     cmd = [
-        sys.executable,
-        "-m",
-        "rocm_yolo.conv.selftest",
+        *python("-m", "rocm_yolo.conv.selftest"),
         "--child",
         "--device",
         device,

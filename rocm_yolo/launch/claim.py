@@ -53,14 +53,17 @@ def _join(spec: RunSpec) -> RunSpec:
     """On more than one machine: the round of the rendezvous this node's first attempt joins, and its profile."""
     if spec.nodes is None:
         return spec
-    found = join_round(spec.paths, spec.profile)
+    found = join_round(spec.paths, spec.profile, own_port=spec.nodes.own_port)
+    nodes = replace(spec.nodes, round=found.number)
+    if spec.nodes.own_port and found.port:  # no port given: the run's own, the same on every node
+        nodes = nodes.at_port(found.port)
     notes = spec.notes
     if found.profile != spec.profile:
         notes += (
             f"node {spec.node} joins round {found.number} of the rendezvous on its profile '{found.profile}' (not "
             f"'{spec.profile}'): every node trains on the same one",
         )
-    joined = with_profile(spec, found.profile).with_changes(nodes=replace(spec.nodes, round=found.number))
+    joined = with_profile(spec, found.profile).with_changes(nodes=nodes)
     return joined.with_changes(notes=notes)
 
 

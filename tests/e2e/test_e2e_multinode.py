@@ -249,13 +249,14 @@ def test_a_node_that_never_comes_back_ends_the_other_with_one_line_naming_it(cli
 @pytest.mark.multinode
 def test_slurms_variables_form_the_job_with_no_node_flags(cli, data32, tmp_path):
     run = tmp_path / "runs" / "mn"
-    port = free_port()
-    nodes = TwoNodes(cli, run, port)
-    slurm = {"SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "127.0.0.[1-2]", "SLURM_JOB_ID": str(port - 15000 + 45000)}
+    nodes = TwoNodes(cli, run, 0)
+    slurm = {"SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "127.0.0.[1-2]", "SLURM_JOB_ID": "12345"}
     env = {k: {**slurm, "SLURM_NODEID": str(k)} for k in (0, 1)}
     procs = nodes.train(data32, "--epochs", "2", "--workers", "0", env=env, flags=False)
     assert nodes.wait(procs, 300) == [0, 0], nodes.out(0)[-3000:] + nodes.out(1)[-3000:]
     assert epochs_in(run) == [1, 2] and cli.leftovers() == []
+    port = read_round(RunPaths(run, 0)).port  # the run's own, drawn when the nodes first met: not the job id's
+    assert port is not None
     for k in (0, 1):
         found = latest_spec(run, k).nodes
         assert (found.count, found.node, found.endpoint, found.source) == (2, k, f"127.0.0.1:{port}", "SLURM")

@@ -69,28 +69,29 @@ def test_a_tree_that_waits_for_its_paused_terminal_is_told_apart_and_a_stopped_t
     master, slave = pty.openpty()
     os.set_blocking(master, False)
     writer = tree.start([sys.executable, "-c", "import os\nwhile True: os.write(1, b'x' * 4096)"], stdout=slave)
+    held = tree.Tree(writer)
     try:
         termios.tcflow(slave, termios.TCOOFF)  # the terminal takes no more output: Ctrl-S
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and tree.blocked_on_terminal(writer.pid) is None:
+        while time.monotonic() < deadline and tree.blocked_on_terminal(tree.members(writer.pid)) is None:
             try:
                 os.read(master, 1 << 16)  # what the terminal showed before the pause
             except BlockingIOError:
                 pass
             time.sleep(0.1)
-        assert tree.blocked_on_terminal(writer.pid) == writer.pid
+        assert tree.blocked_on_terminal(tree.members(writer.pid)) == writer.pid
         termios.tcflow(slave, termios.TCOON)  # Ctrl-Q
         for _ in range(50):
             try:
                 os.read(master, 1 << 20)
             except BlockingIOError:
                 pass
-            if tree.blocked_on_terminal(writer.pid) is None:
+            if tree.blocked_on_terminal(tree.members(writer.pid)) is None:
                 break
             time.sleep(0.05)
         os.kill(writer.pid, signal.SIGSTOP)
         began = time.monotonic()
-        assert tree.kill(writer.pid, term_timeout=8, kill_timeout=4) == []
+        assert tree.kill(held, term_timeout=8, kill_timeout=4) == []
         assert time.monotonic() - began < 4  # woken to find the SIGTERM: not the 4 s of a leader's wait
     finally:
         writer.kill()
@@ -98,5 +99,5 @@ def test_a_tree_that_waits_for_its_paused_terminal_is_told_apart_and_a_stopped_t
         os.close(master)
         os.close(slave)
     sleeper = tree.start(["sleep", "30"])
-    assert tree.blocked_on_terminal(sleeper.pid) is None
-    tree.kill_now(sleeper)
+    assert tree.blocked_on_terminal(tree.members(sleeper.pid)) is None
+    tree.kill_now(tree.Tree(sleeper))
