@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 
 from rocm_yolo import launch
+from rocm_yolo.environment import ANY_PLUGIN
 from rocm_yolo.launch.train_request import TrainRequest
 from rocm_yolo.process.tagged import Tagged
 from rocm_yolo.run.events import read_events
@@ -46,12 +47,13 @@ class Cli:
         self.runs += 1
         self.output = self.cwd / f"cli-{self.tag[:8]}-{self.runs}.out"  # two Cli in one directory keep theirs
         with open(self.output, "w") as out:
-            cmd = [*prefix, sys.executable, "-m", "rocm_yolo", *args]
-            return self.tagged.start(cmd, cwd=self.cwd, output=out, extra={**self.env, **(env or {})}, **popen)
+            cmd = [*prefix, sys.executable, "-P", "-m", "rocm_yolo", *args]  # -P: as the console script, no cwd import
+            extra = {ANY_PLUGIN: "1", **self.env, **(env or {})}  # a test's own plugin (tests/e2e/midsave_stop.py)
+            return self.tagged.start(cmd, cwd=self.cwd, output=out, extra=extra, **popen)
 
     def environ(self) -> dict[str, str]:
         """The whole environment a run of this Cli gets (for another command that must look like one)."""
-        return self.tagged.environ(self.env)
+        return self.tagged.environ({ANY_PLUGIN: "1", **self.env})
 
     def read(self) -> str:
         return self.output.read_text(errors="replace")

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Mapping
 
 from rocm_yolo.conv.strategies import AUTO, STRATEGIES
-from rocm_yolo.environment import cache_dir
+from rocm_yolo.environment import cache_dir, cache_problem
 from rocm_yolo.errors import one_line
 from rocm_yolo.gpu.torch_build import torch_build
 from rocm_yolo.process.lifecycle import signal_name
@@ -242,6 +242,8 @@ def default_cache_dir() -> Path:
 
 
 def _load_cache(path: Path) -> dict:
+    if cache_problem(path) is not None:  # another user's choice (or a link to one) is no cache of the user's
+        return {}
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -334,6 +336,9 @@ def _resolve_on_rocm(
         "tested_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     try:
+        problem = cache_problem(path)
+        if problem is not None:
+            raise OSError(f"{problem}, not the user's own")
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(cache, indent=2, sort_keys=True))
         where = f"saved to {_pretty(path)}"

@@ -46,6 +46,7 @@ import signal
 import socket
 import subprocess
 import time
+from shlex import quote
 
 from rocm_yolo import errors
 from rocm_yolo.ddp.torchrun import RENDEZVOUS_FAILED, RENDEZVOUS_TIMEOUT
@@ -214,7 +215,7 @@ class NodeRendezvous:
         """The time is up: one line naming the missing nodes; the run ends (exit 1)."""
         n, missing = self.nodes, self.missing()
         run = self.spec.run_dir
-        again = f"start every node again with rocm-yolo train --resume {run} and its node flags"
+        again = f"start every node again with rocm-yolo train --resume {quote(str(run))} and its node flags"
         if missing:
             names = " and ".join(f"node {k}" for k in missing)
             line = (

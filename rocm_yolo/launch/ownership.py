@@ -31,6 +31,7 @@ import errno
 import fcntl
 import os
 from pathlib import Path
+from shlex import quote
 
 from rocm_yolo.errors import SetupError, UsageError
 from rocm_yolo.run.atomic import PRIVATE_FILE, check_own, open_no_link, private_dirs
@@ -124,13 +125,13 @@ def _in_use(run_dir: Path, fd: int, node: int | None) -> UsageError:
         who = ", ".join(f"node {k}" + (f" pid {pid}" if pid else "") for k, pid in nodes.items())
         return UsageError(
             f"{run_dir} is in use by the rocm-yolo supervisors of its nodes ({who}): wait for them to finish, or "
-            f"stop them first (rocm-yolo status {run_dir})"
+            f"stop them first (rocm-yolo status {quote(str(run_dir))})"
         )
     who = f"pid {text}" if text.isdigit() else "another process"
     mine = f" for node {node}" if node is not None else ""
     return UsageError(
         f"{run_dir} is in use by another rocm-yolo supervisor{mine} ({who}): two would overwrite each "
-        f"other's checkpoints; wait for it to finish, or stop it first (rocm-yolo status {run_dir})"
+        f"other's checkpoints; wait for it to finish, or stop it first (rocm-yolo status {quote(str(run_dir))})"
     )
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Union
 
 from rocm_yolo import environment
+from rocm_yolo.environment import untrusted
 from rocm_yolo.errors import UsageError
 
 TEMPORARY_SUFFIX = ".tmp"
@@ -163,22 +164,6 @@ def write_report(path: str | os.PathLike, text: str, mode: int = REPORT_FILE, li
     return Path(path)
 
 
-def untrusted(path: str | os.PathLike) -> str | None:
-    """Why ``path`` is not a folder (or file) of this user's own to trust: a symbolic link, or another user's;
-    None when it is the user's, or missing."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        return e.strerror or str(e)
-    if stat.S_ISLNK(st.st_mode):
-        return "is a symbolic link"
-    if st.st_uid != os.geteuid():
-        return f"belongs to another user (uid {st.st_uid})"
-    return None
-
-
 def check_own(path: str | os.PathLike, what: str = "the run directory") -> None:
     """UsageError (one line, exit 2) when ``path`` is a link or another user's: a run's files are the user's."""
     why = untrusted(path)
@@ -186,6 +171,17 @@ def check_own(path: str | os.PathLike, what: str = "the run directory") -> None:
         raise UsageError(
             f"{what} {path} {why}: rocm-yolo keeps a run only in a folder of the user's own (not a link); remove it "
             "or choose another --name or --project"
+        )
+
+
+def check_cache(path: str | os.PathLike, what: str) -> None:
+    """UsageError (one line, exit 2) when ``path`` in rocm-yolo's cache, or a folder above it in the cache, is a link
+    or another user's: what another user put there (MIOpen's kernels, the demo set) is never used."""
+    why = environment.cache_problem(path)
+    if why is not None:
+        raise UsageError(
+            f"{what} in rocm-yolo's cache cannot be used: {why}; remove it, or set {environment.CACHE_DIR} to a folder "
+            "of your own"
         )
 
 

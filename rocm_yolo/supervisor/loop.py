@@ -177,6 +177,7 @@ class Supervisor:
                     "leftover", f"processes still alive after SIGKILL (stuck in the kernel?): {left}", pids=left
                 )
             restart.remove_cut_writes(spec, self.log)  # no file of a checkpoint write the end of the tree cut short
+            restart.remove_leftovers(spec)  # the dead processes' stack files, a killed trainer's /tmp/pymp-*
         if end.state in (State.STALLED, State.CRASHED):
             failure = self._diagnose(child, spec, end, pids, began)
             cut = self.work.failed(end.state == State.STALLED and "hang" or "crash", end.at, end.stalled, failure.cls)
