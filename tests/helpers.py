@@ -22,6 +22,7 @@ from rocm_yolo.run.events import read_events
 from rocm_yolo.run.paths import RunPaths
 
 TAG_VAR = "ROCM_YOLO_TEST_TAG"
+STRANGER = 65534  # another user (nobody): what they plant belongs to them
 # .ci/run's lower-bound run sets it to the oldest supported Ultralytics, installed apart and put
 # first on PYTHONPATH: every process the tests start must then really use that version.
 EXPECT_VAR = "ROCM_YOLO_EXPECT_ULTRALYTICS"
@@ -182,3 +183,34 @@ def descendants() -> set[int]:
 
 def rows_by_check(rows):
     return {r.check: r for r in rows}
+
+
+def as_stranger(*paths: Path) -> None:
+    """Make ``paths`` another user's (:data:`STRANGER`'s), as if they had planted them; links themselves, not their
+    targets. Only root can: elsewhere the test is skipped."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("planting another user's files takes root (chown)")
+    for path in paths:
+        os.chown(path, STRANGER, STRANGER, follow_symlinks=False)
+
+
+def start_with_pid(pid: int, cmd: list[str], tries: int = 200) -> subprocess.Popen:
+    """Start ``cmd`` (a session of its own: an unrelated tree) as process ``pid``, a number another process had: a
+    real reuse of a pid, through the kernel's ``ns_last_pid`` (root only; else the test is skipped). Other processes
+    of the machine fork meanwhile: it tries again until it gets the number."""
+    import pytest
+
+    for _ in range(tries):
+        try:
+            with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+                f.write(str(pid - 1))
+        except OSError as e:
+            pytest.skip(f"cannot give a process a chosen pid here ({e.strerror}): needs root")
+        proc = subprocess.Popen(cmd, start_new_session=True)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    pytest.skip(f"pid {pid} could not be had in {tries} tries (a busy machine)")

@@ -260,3 +260,28 @@ def test_slurms_variables_form_the_job_with_no_node_flags(cli, data32, tmp_path)
     for k in (0, 1):
         found = latest_spec(run, k).nodes
         assert (found.count, found.node, found.endpoint, found.source) == (2, k, f"127.0.0.1:{port}", "SLURM")
+
+
+@pytest.mark.multinode
+def test_a_rendezvous_port_another_process_holds_stops_the_host_node_in_one_line_and_the_other_with_it(
+    cli, data32, tmp_path
+):
+    """Someone listens on the endpoint's port first (a store of theirs, whose contents every agent would unpickle):
+    node 0, which hosts the rendezvous (is_host=1), says so in one line and stops (a setup error, never retried);
+    node 1 stops with it instead of waiting out --rdzv-timeout (issue 45)."""
+    run = tmp_path / "runs" / "mn"
+    stranger = socket.socket()
+    stranger.bind(("127.0.0.1", 0))
+    stranger.listen()
+    port = stranger.getsockname()[1]
+    try:
+        nodes = TwoNodes(cli, run, port, timeout=120)
+        procs = nodes.train(data32, *WATCH, "--epochs", "1")
+        codes = nodes.wait(procs, 240)
+    finally:
+        stranger.close()
+    assert codes == [errors.SETUP, errors.SETUP], nodes.out(0)[-3000:] + nodes.out(1)[-3000:]
+    [line] = [x for x in nodes.out(0).splitlines() if f"port {port} is taken" in x]
+    assert line.startswith("rocm-yolo: ") and "another process listens on it" in line
+    assert "Traceback" not in nodes.out(0) + nodes.out(1) and cli.leftovers() == []
+    assert not (run / "weights").exists() or not list((run / "weights").iterdir())  # no rank trained
