@@ -65,7 +65,6 @@ def private(state: Path) -> list[str]:
     return wrong
 
 
-@pytest.mark.quick
 def test_ddp_ranks_import_nothing_from_the_working_directory_keep_their_folder_private_and_listen_on_loopback(
     cli, tiny_data, tmp_path
 ):
@@ -99,7 +98,6 @@ def test_ddp_ranks_import_nothing_from_the_working_directory_keep_their_folder_p
     assert cli.leftovers() == []
 
 
-@pytest.mark.quick
 def test_a_killed_trainer_leaves_no_tmp_folder_and_escape_sequences_in_class_names_show_as_text(
     cli, tiny_data, tmp_path
 ):
