@@ -20,7 +20,6 @@ import threading
 from pathlib import Path
 
 import psutil
-import pytest
 
 from helpers import TINY, epochs_in, events, rocm_lines, with_cpu_ranks
 from rocm_yolo.run.paths import RunPaths
