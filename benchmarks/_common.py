@@ -12,6 +12,7 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
+from rocm_yolo.environment import ANY_PLUGIN
 from rocm_yolo.process.tagged import Tagged
 
 TAG_VAR = "ROCM_YOLO_BENCH_TAG"
@@ -23,7 +24,7 @@ def run_logged(cmd: list[str], cwd: Path, log: Path, timeout: float, env: dict |
     proc = None
     try:
         with open(log, "w") as out:
-            proc = tagged.start(cmd, cwd=cwd, output=out, extra=env)
+            proc = tagged.start(cmd, cwd=cwd, output=out, extra={ANY_PLUGIN: "1", **(env or {})})  # a bench's plugin
             try:
                 code = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:

@@ -10,8 +10,8 @@ Between rocm-yolo's own processes (one sets it, a descendant reads it):
 - :data:`HEARTBEAT_FIFO`: on several GPUs, the DDP launcher's FIFO each rank writes its heartbeat lines into;
 - :data:`TORCHRUN_PID`: on several GPUs, the ``torch.distributed.run`` each rank dies with;
 - :data:`TRAINER_PID`, :data:`RUN_DIR`: the trainer a fork server dies with, and where it records itself;
-- :data:`FORKSERVER_IMPORTS`: the file of modules the fork server imports before it forks
-  (:mod:`rocm_yolo.process.preimport`);
+- :data:`FORKSERVER_IMPORTS`: the descriptor (a pipe from the trainer) of the modules the fork server imports
+  before it forks (:mod:`rocm_yolo.process.preimport`);
 - :data:`NODE`: on more than one machine, rocm-yolo's id of this node: every process of its tree writes its
   files into the node's own folder of the run (:class:`rocm_yolo.run.paths.RunPaths`).
 
@@ -26,20 +26,22 @@ Set by users:
 
 For tests and benchmarks only:
 
-- :data:`PLUGINS`: modules that answer the hook points of :mod:`rocm_yolo.run.hooks` (``rocm_yolo.testing``);
+- :data:`PLUGINS`: modules that answer the hook points of :mod:`rocm_yolo.run.hooks` (``rocm_yolo.testing``; any
+  other module only with :data:`ANY_PLUGIN` set to 1, as the tests and the benchmarks set it);
 - :data:`FAULT`, :data:`RECORD_BATCHES`: what that plugin reads (CONTRIBUTING.md, :mod:`rocm_yolo.testing`).
 
 Torch's launcher sets :data:`RANK`, :data:`LOCAL_RANK`, :data:`WORLD_SIZE` and :data:`LOCAL_WORLD_SIZE` in each rank,
 as Ultralytics reads them; rocm-yolo sets :data:`SHARE_RDZV_STORE_OFF` for it on more than one machine (pytorch#135712).
 
 Read from a scheduler, on more than one machine with no node flags (:mod:`rocm_yolo.launch.cluster`):
-SLURM's :data:`SLURM_NNODES`, :data:`SLURM_NODEID`, :data:`SLURM_JOB_NODELIST` (older: :data:`SLURM_NODELIST`)
-and :data:`SLURM_JOB_ID` (older: :data:`SLURM_JOBID`); :data:`MASTER_ADDR` and :data:`MASTER_PORT` win when set.
+SLURM's :data:`SLURM_NNODES`, :data:`SLURM_NODEID` and :data:`SLURM_JOB_NODELIST` (older: :data:`SLURM_NODELIST`);
+:data:`MASTER_ADDR` and :data:`MASTER_PORT` win when set (no port given: the run draws its own).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Mapping
 
@@ -63,6 +65,7 @@ NOTIFY = "ROCM_YOLO_NOTIFY"
 
 # tests and benchmarks
 PLUGINS = "ROCM_YOLO_PLUGINS"
+ANY_PLUGIN = "ROCM_YOLO_TEST_PLUGINS"
 FAULT = "ROCM_YOLO_FAULT"
 RECORD_BATCHES = "ROCM_YOLO_RECORD_BATCHES"
 
@@ -78,8 +81,6 @@ SLURM_NNODES = "SLURM_NNODES"
 SLURM_NODEID = "SLURM_NODEID"
 SLURM_JOB_NODELIST = "SLURM_JOB_NODELIST"
 SLURM_NODELIST = "SLURM_NODELIST"
-SLURM_JOB_ID = "SLURM_JOB_ID"
-SLURM_JOBID = "SLURM_JOBID"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 
@@ -89,6 +90,36 @@ def cache_dir(env: Mapping[str, str] = os.environ) -> Path:
     if env.get(CACHE_DIR):
         return Path(env[CACHE_DIR]).expanduser()
     return xdg_cache_home(env) / "rocm-yolo"
+
+
+def untrusted(path: str | os.PathLike) -> str | None:
+    """Why ``path`` is not a folder (or file) of this user's own to trust: a symbolic link, or another user's;
+    None when it is the user's, or missing."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return e.strerror or str(e)
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if st.st_uid != os.geteuid():
+        return f"belongs to another user (uid {st.st_uid})"
+    return None
+
+
+def cache_problem(path: str | os.PathLike, env: Mapping[str, str] = os.environ) -> str | None:
+    """Why ``path``, in rocm-yolo's cache (a folder of it, or a file), is not the user's own to use: the cache
+    folder, or a folder or file below it down to ``path``, is a link or another user's. None when all are the
+    user's (or not there yet). Another user's MIOpen kernels, demo images or self-test choice are never used."""
+    root = cache_dir(env)
+    path = Path(path)
+    below = [path, *path.parents] if path.is_relative_to(root) else [path]
+    for level in reversed([p for p in below if p == root or p.is_relative_to(root)]):
+        why = untrusted(level)
+        if why is not None:
+            return f"{level} {why}"
+    return None
 
 
 def xdg_cache_home(env: Mapping[str, str] = os.environ) -> Path:

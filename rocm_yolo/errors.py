@@ -54,6 +54,8 @@ HELP = (
     "129/130/143 stopped by SIGHUP/Ctrl-C/SIGTERM"
 )
 
+REPORT_MODE = 0o640  # a report of a failure: the user's group may read it, no one else
+
 # --------------------------------------------------------------------------- error classes
 
 
@@ -89,16 +91,21 @@ def chain(error: BaseException | None) -> list[BaseException]:
 
 
 def save_traceback(error: BaseException, path: Path | None) -> Path | None:
-    """Write ``error``'s traceback to ``path`` (or a file in the cache); the file written, or None."""
+    """Write ``error``'s traceback to ``path`` (or a file in the cache, if the cache is the user's own); the file
+    written (0640, never through a link), or None."""
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     candidates = [path] if path is not None else []
-    from rocm_yolo.environment import cache_dir
+    from rocm_yolo.environment import cache_dir, cache_problem
 
-    candidates.append(cache_dir() / "errors" / f"internal-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt")
+    fallback = cache_dir() / "errors" / f"internal-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
+    candidates += [fallback] if cache_problem(fallback) is None else []
     for candidate in candidates:
         try:
             candidate.parent.mkdir(parents=True, exist_ok=True)
-            candidate.write_text(text)
+            fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, REPORT_MODE)
+            with os.fdopen(fd, "w") as f:
+                os.fchmod(fd, REPORT_MODE)
+                f.write(text)
             return candidate
         except OSError:
             continue

@@ -15,12 +15,14 @@ from pathlib import Path
 import psutil
 
 from rocm_yolo import launch
+from rocm_yolo.environment import ANY_PLUGIN
 from rocm_yolo.launch.train_request import TrainRequest
 from rocm_yolo.process.tagged import Tagged
 from rocm_yolo.run.events import read_events
 from rocm_yolo.run.paths import RunPaths
 
 TAG_VAR = "ROCM_YOLO_TEST_TAG"
+STRANGER = 65534  # another user (nobody): what they plant belongs to them
 # .ci/run's lower-bound run sets it to the oldest supported Ultralytics, installed apart and put
 # first on PYTHONPATH: every process the tests start must then really use that version.
 EXPECT_VAR = "ROCM_YOLO_EXPECT_ULTRALYTICS"
@@ -46,12 +48,13 @@ class Cli:
         self.runs += 1
         self.output = self.cwd / f"cli-{self.tag[:8]}-{self.runs}.out"  # two Cli in one directory keep theirs
         with open(self.output, "w") as out:
-            cmd = [*prefix, sys.executable, "-m", "rocm_yolo", *args]
-            return self.tagged.start(cmd, cwd=self.cwd, output=out, extra={**self.env, **(env or {})}, **popen)
+            cmd = [*prefix, sys.executable, "-P", "-m", "rocm_yolo", *args]  # -P: as the console script, no cwd import
+            extra = {ANY_PLUGIN: "1", **self.env, **(env or {})}  # a test's own plugin (tests/e2e/midsave_stop.py)
+            return self.tagged.start(cmd, cwd=self.cwd, output=out, extra=extra, **popen)
 
     def environ(self) -> dict[str, str]:
         """The whole environment a run of this Cli gets (for another command that must look like one)."""
-        return self.tagged.environ(self.env)
+        return self.tagged.environ({ANY_PLUGIN: "1", **self.env})
 
     def read(self) -> str:
         return self.output.read_text(errors="replace")
@@ -244,3 +247,34 @@ def child_pid(run: Path, proc, cli, attempt: int = 1, timeout: float = 120) -> i
 
     wait_for(started, timeout, f"attempt {attempt}'s training process", proc, cli)
     return found[0]
+
+
+def as_stranger(*paths: Path) -> None:
+    """Make ``paths`` another user's (:data:`STRANGER`'s), as if they had planted them; links themselves, not their
+    targets. Only root can: elsewhere the test is skipped."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("planting another user's files takes root (chown)")
+    for path in paths:
+        os.chown(path, STRANGER, STRANGER, follow_symlinks=False)
+
+
+def start_with_pid(pid: int, cmd: list[str], tries: int = 200) -> subprocess.Popen:
+    """Start ``cmd`` (a session of its own: an unrelated tree) as process ``pid``, a number another process had: a
+    real reuse of a pid, through the kernel's ``ns_last_pid`` (root only; else the test is skipped). Other processes
+    of the machine fork meanwhile: it tries again until it gets the number."""
+    import pytest
+
+    for _ in range(tries):
+        try:
+            with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+                f.write(str(pid - 1))
+        except OSError as e:
+            pytest.skip(f"cannot give a process a chosen pid here ({e.strerror}): needs root")
+        proc = subprocess.Popen(cmd, start_new_session=True)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    pytest.skip(f"pid {pid} could not be had in {tries} tries (a busy machine)")

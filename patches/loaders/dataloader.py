@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import faulthandler
 import functools
 import inspect
 import json
@@ -55,8 +54,9 @@ from rocm_yolo.errors import UsageError
 from rocm_yolo.patches.loaders import threads, worker_deaths
 from rocm_yolo.patches.swap import Swaps
 from rocm_yolo.process import preimport
-from rocm_yolo.process.lifecycle import DUMP_SIGNAL, alive, die_with_parent  # DUMP_SIGNAL: the watchdog's stack dump
+from rocm_yolo.process.lifecycle import alive, die_with_parent, dump_stacks_into
 from rocm_yolo.run import hooks
+from rocm_yolo.run.atomic import append_log
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.profiles import LoaderSettings
 from rocm_yolo.ultralytics_rules import compat
@@ -439,10 +439,8 @@ class WorkerInit:
         if parent != self.trainer_pid and not alive(self.trainer_pid):
             os.kill(os.getpid(), 9)
         paths = RunPaths(self.run_dir)
-        paths.stacks.mkdir(parents=True, exist_ok=True)
         pid = os.getpid()
-        handle = open(paths.worker_stacks(pid), "a")  # kept open for the life of the worker
-        faulthandler.register(DUMP_SIGNAL, file=handle, all_threads=True, chain=False)
+        dump_stacks_into(paths, paths.worker_stacks(pid))  # kept open for the life of the worker
         info = torch.utils.data.get_worker_info()
         record = {
             "pid": pid,
@@ -454,8 +452,7 @@ class WorkerInit:
             "start_method": _how_made(),
             "time": time.time(),
         }
-        with open(paths.workers, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_log(paths.workers, json.dumps(record) + "\n")
 
 
 def dead_workers(loaders, wait: float = 2.0) -> list[tuple[int, int | None]]:

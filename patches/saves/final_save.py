@@ -23,7 +23,7 @@ from pathlib import Path
 from rocm_yolo.patches.swap import Swaps
 from rocm_yolo.process.lifecycle import uninterrupted
 from rocm_yolo.run import hooks
-from rocm_yolo.run.atomic import replace_durably, temporary
+from rocm_yolo.run.atomic import create_temporary, replace_durably, temporary
 from rocm_yolo.run.paths import RunPaths
 
 _swaps = Swaps()  # ultralytics.engine.trainer's global strip_optimizer
@@ -41,11 +41,14 @@ def _atomic_strip(current, paths: RunPaths):
         target = Path(s or f)
         tmp = temporary(target)
         try:
+            os.close(create_temporary(tmp))  # made anew (a link planted under its name goes), then torch.save fills it
             with uninterrupted():  # a stop during the rewrite waits for it
                 with hooks.final_save(target.name, paths), _log_names(tmp, target, named=bool(s)):
                     result = current(f, s=str(tmp), updates=updates)
-                if tmp.exists():  # not when f was no Ultralytics checkpoint: nothing was written
+                if tmp.stat().st_size:  # not when f was no Ultralytics checkpoint: nothing was written
                     replace_durably(tmp, target)
+                else:
+                    tmp.unlink()
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise

@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Mapping
 
 from rocm_yolo.conv.strategies import AUTO, STRATEGIES
-from rocm_yolo.environment import cache_dir
+from rocm_yolo.environment import cache_dir, cache_problem
 from rocm_yolo.errors import one_line
 from rocm_yolo.gpu.torch_build import torch_build
 from rocm_yolo.process.lifecycle import signal_name
-from rocm_yolo.process.tree import run_bounded
+from rocm_yolo.process.tree import python, run_bounded
 from rocm_yolo.run import hooks
 from rocm_yolo.run.atomic import write_atomic
 
@@ -127,9 +127,7 @@ def _child_main(device: str, strategies: list[str], amp: bool, timing: Timing) -
 def _run_child(device, strategies, amp, timing: Timing, budget, env):
     """One child run: (results, in-progress strategy or None, why the child ended badly or None)."""
     cmd = [
-        sys.executable,
-        "-m",
-        "rocm_yolo.conv.selftest",
+        *python("-m", "rocm_yolo.conv.selftest"),
         "--child",
         "--device",
         device,
@@ -244,6 +242,8 @@ def default_cache_dir() -> Path:
 
 
 def _load_cache(path: Path) -> dict:
+    if cache_problem(path) is not None:  # another user's choice (or a link to one) is no cache of the user's
+        return {}
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -336,6 +336,9 @@ def _resolve_on_rocm(
         "tested_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     try:
+        problem = cache_problem(path)
+        if problem is not None:
+            raise OSError(f"{problem}, not the user's own")
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(cache, indent=2, sort_keys=True))
         where = f"saved to {_pretty(path)}"

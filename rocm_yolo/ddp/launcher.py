@@ -33,7 +33,6 @@ when the watchdog asks, and a failure before the ranks start is one line and an 
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import random
 import signal
@@ -44,7 +43,8 @@ import sys
 from rocm_yolo import environment, errors
 from rocm_yolo.ddp.relay import Relay, make_fifo, remove_fifo
 from rocm_yolo.ddp.rendezvous import NodeRendezvous
-from rocm_yolo.process.lifecycle import DUMP_SIGNAL, die_with_parent, pdeathsig_kill
+from rocm_yolo.process.lifecycle import die_with_parent, dump_stacks_into, pdeathsig_kill
+from rocm_yolo.process.tree import SAFE_PATH, python
 from rocm_yolo.run.devices import world_size
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.spec import RunSpec
@@ -71,13 +71,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SOCKET_IFNAMES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # gloo's and NCCL/RCCL's: the interface they use
+
+
+def loopback_only(env: dict) -> dict[str, str]:
+    """On one machine: gloo and NCCL/RCCL bind the loopback interface, where nothing outside the machine reaches
+    them, unless the user named an interface for either (then both are left alone)."""
+    if any(env.get(name) for name in SOCKET_IFNAMES):
+        return {}
+    return dict.fromkeys(SOCKET_IFNAMES, loopback_interface())
+
+
+def loopback_interface() -> str:
+    """The name of the interface of 127.0.0.1 (``lo`` on Linux)."""
+    try:
+        import psutil
+
+        for name, addresses in psutil.net_if_addrs().items():
+            if any(a.family == socket.AF_INET and a.address == "127.0.0.1" for a in addresses):
+                return name
+    except Exception:  # noqa: BLE001 - no interface list: Linux's name
+        pass
+    return "lo"
+
+
 def command(spec_path: str, ranks: int, port: int, log: str) -> list[str]:
     """Ultralytics' launch (``generate_ddp_command``), each rank a rocm-yolo training child; torch's launcher
     reports into ``log`` (:mod:`.torchrun`)."""
     return [
-        sys.executable,
-        "-m",
-        "rocm_yolo.ddp.torchrun",
+        *python("-m", "rocm_yolo.ddp.torchrun"),
         log,
         "--nproc_per_node",
         str(ranks),
@@ -109,6 +131,7 @@ def launch(spec: RunSpec, spec_path: str, log: RunLog) -> int:
     relay = Relay(fifo, int(out_fd) if out_fd and out_fd.isdigit() else None)
     env = {k: v for k, v in os.environ.items() if k != environment.HEARTBEAT_FD}
     env[environment.HEARTBEAT_FIFO] = str(fifo)
+    env[SAFE_PATH] = "1"  # torch's launcher starts each rank as python -u -m: no working directory on its sys.path
     # A rank killed by the watchdog leaves its semaphores to multiprocessing's resource tracker, whose warning
     # about them would reach the terminal: the run says what happened in rocm-yolo's own lines.
     env["PYTHONWARNINGS"] = ",".join(x for x in (os.environ.get("PYTHONWARNINGS"), QUIET_TRACKER) if x)
@@ -121,6 +144,7 @@ def launch(spec: RunSpec, spec_path: str, log: RunLog) -> int:
         def start() -> subprocess.Popen:
             return subprocess.Popen(rdzv.command(spec_path, ranks, torch_log), env=env, preexec_fn=pdeathsig_kill)
     else:
+        env.update(loopback_only(env))  # one machine: the ranks' collectives talk over the loopback interface
         port = free_port()
         log.event(
             "ddp_launch",
@@ -200,10 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     log.event("start_method", method=multiprocessing.get_start_method(), torch_imported=torch_was_imported)
     die_with_parent(int(os.environ.get(environment.SUPERVISOR_PID, "0") or 0))  # no orphan if the supervisor is killed
     try:
-        spec.paths.stacks.mkdir(parents=True, exist_ok=True)
-        stack_file = open(spec.paths.trainer_stacks(os.getpid()), "a")  # open for the life of the process
-        faulthandler.register(DUMP_SIGNAL, file=stack_file, all_threads=True, chain=False)
-    except OSError as e:
+        dump_stacks_into(spec.paths, spec.paths.trainer_stacks(os.getpid()))
+    except (OSError, errors.UsageError) as e:
         return report_setup_failure(spec, log, e)
     try:
         return launch(spec, argv[0], log)  # one rank per GPU (of each node); this process imports no torch

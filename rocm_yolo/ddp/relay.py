@@ -29,8 +29,8 @@ class Relay(threading.Thread):
     def __init__(self, fifo: Path, out_fd: int | None):
         super().__init__(name="rocm-yolo-heartbeat-relay", daemon=True)
         self.fifo = fifo
-        self.read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-        self.keep_open = os.open(fifo, os.O_WRONLY)  # no end-of-file while no rank has opened it yet
+        self.read_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        self.keep_open = os.open(fifo, os.O_WRONLY | os.O_NOFOLLOW)  # no end-of-file while no rank has opened it yet
         os.set_blocking(self.read_fd, True)
         if out_fd is not None:
             os.set_blocking(out_fd, False)  # a supervisor that stops reading (Ctrl-Z) never stalls the relay

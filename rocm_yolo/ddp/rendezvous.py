@@ -3,8 +3,17 @@
 Each node's launcher starts its node's agent, as ``torchrun`` would be started on each machine::
 
     python -m torch.distributed.run --nnodes N --nproc_per_node n --rdzv-backend c10d
-        --rdzv-endpoint HOST:PORT --rdzv-id rocm-yolo-round-R --rdzv-conf join_timeout=T
+        --rdzv-endpoint HOST:PORT --rdzv-id rocm-yolo-round-R --rdzv-conf join_timeout=T,is_host=H
         --max-restarts 0 -m rocm_yolo.trainer SPEC.json
+
+- **Who hosts the store**: node 0, whose machine the endpoint names (``is_host=1``); every other node only
+  connects (``is_host=0``). Left to torch, an agent guesses from the host name, and one that cannot bind the port
+  becomes a client of whatever listens there: of a store someone else started, whose contents each agent
+  unpickles (c10d keeps the rendezvous' state pickled). So node 0 looks before each start whether the port is
+  free on its machine, and a port held by another process ends the run in one line (a setup error, exit 4);
+  torch's own bind, should it lose the port in between, fails the rendezvous instead of joining theirs. The port
+  gives whoever reaches it code execution in every agent: the nodes must meet on a private network or behind a
+  firewall (docs/multi-gpu.md).
 
 - **No restarts of torch's own** (``--max-restarts 0``): the node's supervisor restarts its tree
   after a hang or a crash, as on one machine, and the nodes meet again in the next **round**, the
@@ -37,16 +46,19 @@ Each node's launcher starts its node's agent, as ``torchrun`` would be started o
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
+import socket
 import subprocess
-import sys
 import time
+from shlex import quote
 
 from rocm_yolo import errors
 from rocm_yolo.ddp.torchrun import RENDEZVOUS_FAILED, RENDEZVOUS_TIMEOUT
-from rocm_yolo.run.atomic import write_atomic
+from rocm_yolo.process.tree import python
+from rocm_yolo.run.atomic import private_dirs, write_atomic
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.nodes import NodeStop, read_round, stopped_node
 from rocm_yolo.run.spec import RunSpec
@@ -55,6 +67,26 @@ MARK_EVERY = 5.0  # seconds between rewrites of node-K/rendezvous.json while thi
 STALE_AFTER = 30.0  # a node whose file is older than this one's by more than that is not waiting
 AGAIN_AFTER = 2.0  # seconds before trying a failed rendezvous again
 HALT_GRACE = 40.0  # seconds torch's launcher gets to stop its ranks (it gives them 30) after another node stopped
+
+
+def port_holder(port: int) -> str | None:
+    """What holds TCP ``port`` on this machine so that a store cannot listen on it (binding it on every address, as
+    torch's store does): None when it is free."""
+    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed store's TIME_WAIT is no holder
+                if family == socket.AF_INET6:
+                    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                s.bind((address, port))
+                return None
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return "another process listens on it"
+            if family == socket.AF_INET6:  # no IPv6 here: as torch, on IPv4
+                continue
+            return e.strerror or str(e)
+    return None
 
 
 def rendezvous_id(round_number: int) -> str:
@@ -85,13 +117,14 @@ class NodeRendezvous:
         )
 
     def command(self, spec_path: str, ranks: int, log_path: str) -> list[str]:
-        """torch's launcher for this node, with the time left to wait as the rendezvous' join timeout."""
+        """torch's launcher for this node, with the time left to wait as the rendezvous' join timeout; on node 0, which
+        hosts the store, :class:`~rocm_yolo.errors.SetupError` when another process holds the port."""
+        if self.nodes.host:
+            self.check_port()
         self.tries += 1
         left = max(int(self.deadline - self.clock() + 0.999), 1)
         return [
-            sys.executable,
-            "-m",
-            "rocm_yolo.ddp.torchrun",
+            *python("-m", "rocm_yolo.ddp.torchrun"),
             log_path,
             "--nnodes",
             self.nodes.nnodes,
@@ -104,7 +137,8 @@ class NodeRendezvous:
             "--rdzv-id",
             rendezvous_id(self.nodes.round),
             "--rdzv-conf",
-            f"join_timeout={left}" + (f",last_call_timeout={int(self.nodes.timeout)}" if self.nodes.elastic else ""),
+            f"join_timeout={left},is_host={int(self.nodes.host)}"
+            + (f",last_call_timeout={int(self.nodes.timeout)}" if self.nodes.elastic else ""),
             "--max-restarts",
             "0",
             "-m",
@@ -112,13 +146,24 @@ class NodeRendezvous:
             spec_path,
         ]
 
+    def check_port(self) -> None:
+        """On the node that hosts the store: one line when another process holds the endpoint's port here."""
+        port = int(self.nodes.endpoint.rpartition(":")[2])
+        holder = port_holder(port)
+        if holder is not None:
+            raise errors.SetupError(
+                f"the rendezvous port {port} is taken on this machine ({holder}): node {self.nodes.node} hosts the "
+                f"nodes' rendezvous ({self.nodes.endpoint}) and joins no store of another's; free the port, or give "
+                "every node another one (--rdzv-endpoint HOST:PORT or MASTER_PORT)"
+            )
+
     def mark(self) -> None:
         """This node waits in its round: ``node-K/rendezvous.json``, rewritten (its time is the storage's)."""
         record = {"round": self.nodes.round, "endpoint": self.nodes.endpoint, "pid": os.getpid(), "time": time.time()}
         try:
-            self.paths.node_dir.mkdir(parents=True, exist_ok=True)
+            private_dirs(self.paths.state, self.paths.node_dir)
             write_atomic(self.paths.rendezvous, json.dumps(record))
-        except OSError:
+        except (OSError, errors.UsageError):
             pass  # only the line naming a missing node reads it
 
     def wait(self, proc: subprocess.Popen, heard) -> int:
@@ -204,7 +249,7 @@ class NodeRendezvous:
         """The time is up: one line naming the missing nodes; the run ends (exit 1)."""
         n, missing = self.nodes, self.missing()
         run = self.spec.run_dir
-        again = f"start every node again with rocm-yolo train --resume {run} and its node flags"
+        again = f"start every node again with rocm-yolo train --resume {quote(str(run))} and its node flags"
         if missing:
             names = " and ".join(f"node {k}" for k in missing)
             line = (

@@ -6,8 +6,9 @@ it stops, and, when a rank fails, a Python traceback with a table of the failure
 launcher of rocm-yolo says what happened in one line of its own, and the ranks say why. So
 torch's launcher logs into the run's ``torchrun.log`` instead of the terminal, and its
 ``ChildFailedError`` becomes exit code 1 (its own exit code on that error), and a stop
-(``SignalException``) 128 + the signal. Everything else
-is ``torch.distributed.run.main`` unchanged. The ranks' own output still reaches the terminal.
+(``SignalException``) 128 + the signal. On one machine its store listens on the loopback address only
+(:func:`_store_on_loopback`). Everything else is ``torch.distributed.run.main`` unchanged. The ranks' own output
+still reaches the terminal.
 
 On more than one machine the rendezvous can fail too, and the launcher decides what that means
 (:mod:`.rendezvous`), so this says nothing on the terminal of it, and exits with its own code:
@@ -25,11 +26,14 @@ from then on, not to the terminal (:func:`_teardown_into`).
 from __future__ import annotations
 
 import functools
+import ipaddress
 import logging
 import os
+import socket
 import sys
 
 from rocm_yolo import environment, errors
+from rocm_yolo.run.atomic import open_append, open_no_link
 from rocm_yolo.run.events import PREFIX
 
 RENDEZVOUS_TIMEOUT = 62  # ETIME: the nodes did not all come to the rendezvous within its join timeout
@@ -48,7 +52,7 @@ def main(argv: list[str]) -> int:
         print(f"{PREFIX} environment error: torch.distributed.run cannot start: {errors.one_line(e)}", file=sys.stderr)
         return errors.SETUP
 
-    handler = logging.FileHandler(log_path)
+    handler = logging.StreamHandler(open_append(log_path))  # in the node's private folder, never through a link
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     reports = logging.getLogger("torch.distributed")  # run.py's and the elastic agent's loggers are below it
     for name, logger in list(logging.root.manager.loggerDict.items()):
@@ -58,6 +62,8 @@ def main(argv: list[str]) -> int:
     reports.handlers[:] = [handler]
     reports.propagate = False
     _teardown_into(log_path)
+    if "--rdzv-backend" not in args:  # one machine: the agent's store listens on 127.0.0.1 only
+        _store_on_loopback()
     sys.argv = ["torch.distributed.run", *args]
     try:
         run.main(args)
@@ -95,7 +101,7 @@ def _teardown_into(log_path: str) -> None:
     def _exit_barrier(self, *args, **kwargs):
         try:
             sys.stderr.flush()
-            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = open_no_link(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             os.dup2(fd, 2)
             os.close(fd)
         except OSError:
@@ -104,6 +110,44 @@ def _teardown_into(log_path: str) -> None:
 
     _exit_barrier.__rocm_yolo_patch__ = True
     SimpleElasticAgent._exit_barrier = _exit_barrier
+
+
+_LISTENING: list[socket.socket] = []  # the stores' sockets, open for the life of this process
+
+
+def _store_on_loopback() -> None:
+    """On one machine torch's launcher (its static rendezvous) makes the ranks' store at ``127.0.0.1:PORT``, and
+    ``TCPStore`` listens on every address of the machine whatever host it is given: anyone who reaches the port
+    could write into it. Here the store listens on the loopback address it was given: a socket bound there is
+    handed to it (``master_listen_fd``). Idempotent; where torch has no such rendezvous, nothing changes."""
+    try:
+        from torch.distributed.elastic.rendezvous import static_tcp_rendezvous as module
+    except Exception:
+        return
+    store = getattr(module, "TCPStore", None)
+    if store is None or getattr(store, "__rocm_yolo_patch__", False):
+        return
+
+    def loopback_store(host_name, port, *args, **kwargs):
+        master = args[1] if len(args) > 1 else kwargs.get("is_master", False)
+        if master and kwargs.get("master_listen_fd") is None and _loopback(host_name):
+            listening = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listening.bind((host_name, port))
+            listening.listen(socket.SOMAXCONN)
+            _LISTENING.append(listening)
+            kwargs["master_listen_fd"] = listening.fileno()
+        return store(host_name, port, *args, **kwargs)
+
+    loopback_store.__rocm_yolo_patch__ = True
+    module.TCPStore = loopback_store
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False
 
 
 def _failed(reports: logging.Logger, error: Exception, log_path: str) -> int:

@@ -32,6 +32,7 @@ from rocm_yolo.gpu.arch import GpuNode, architectures, detect_gpus
 from rocm_yolo.gpu.count import used_gpus
 from rocm_yolo.process.cgroup import CgroupMemory
 from rocm_yolo.process.kernel_view import ThreadView
+from rocm_yolo.run.atomic import REPORT_FILE, open_append
 from rocm_yolo.run.devices import gpu_ids, world_size
 from rocm_yolo.run.events import foreign, read_events
 from rocm_yolo.run.heartbeat import Heartbeat
@@ -293,7 +294,8 @@ def write_report(path: Path, diagnosis: Diagnosis, evidence: Evidence, where: st
             "(no amdgpu or OOM-killer line)",
         ),
         *_section("kernel lines of no process and no card (context):", evidence.kernel_context, "(none)"),
-        *_section("kernel lines of other processes or cards (never this run's):", evidence.kernel_others, "(none)"),
+        # other users' processes may be named there: their count only, never their lines
+        f"kernel lines of other processes or cards (never this run's): {len(evidence.kernel_others)}",
         *_beyond(evidence),
         *_section(
             f"the training process's stderr before its last progress (context), last {len(earlier)} lines:",
@@ -305,7 +307,7 @@ def write_report(path: Path, diagnosis: Diagnosis, evidence: Evidence, where: st
         ),
     ]
     try:
-        with open(path, "a", encoding="utf-8") as f:
+        with open_append(path, REPORT_FILE) as f:  # 0640, never through a link
             f.write("\n".join(parts) + "\n")
         return path
     except OSError:

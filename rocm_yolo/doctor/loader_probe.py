@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 from rocm_yolo.doctor.report import FAIL, OK, SKIP, WARN, Options, Row, loader_plan, plural
-from rocm_yolo.process.tree import run_bounded
+from rocm_yolo.process.tree import python, run_bounded
 
 _EVENT = "@@doctor "
 MULTI_NAME = "DataLoader workers"
@@ -155,7 +155,7 @@ def run_probe(opts: Options, spec: dict, build_timeout: float) -> ProbeResult:
     code = "import sys; from rocm_yolo.doctor.loader_probe import probe_main; probe_main(sys.argv[1])"
     try:  # the step's own clock starts when the data set is built
         outcome = run_bounded(
-            [opts.python, "-c", code, f.name],
+            python("-c", code, f.name, executable=opts.python),
             build_timeout,
             dict(os.environ),
             rebase=lambda out: opts.timeout if any(e["event"] == "dataset" for e in _events(out)) else None,

@@ -20,7 +20,7 @@ from rocm_yolo.doctor.report import FAIL, OK, SKIP, WARN, Options, Row, loader_p
 from rocm_yolo.gpu import kernel_log, known_fixes, wheels
 from rocm_yolo.gpu.arch import architectures
 from rocm_yolo.gpu.torch_build import torch_build
-from rocm_yolo.process.tree import Outcome, run_bounded
+from rocm_yolo.process.tree import Outcome, python, run_bounded
 from rocm_yolo.ultralytics_rules.versions import SUPPORTED_ULTRALYTICS, TESTED_TORCH, untested, untested_torch
 
 # ---------------------------------------------------------------------------------------
@@ -29,7 +29,7 @@ from rocm_yolo.ultralytics_rules.versions import SUPPORTED_ULTRALYTICS, TESTED_T
 
 def python_json(opts: Options, code: str, timeout: float, env: dict | None = None) -> tuple[dict | None, Outcome]:
     """Run ``code`` in a fresh interpreter; it prints one JSON object as its last stdout line."""
-    outcome = run_bounded([opts.python, "-c", code], timeout, env)
+    outcome = run_bounded(python("-c", code, executable=opts.python), timeout, env)
     for line in reversed(outcome.stdout.splitlines()):
         if line.startswith("{"):
             try:

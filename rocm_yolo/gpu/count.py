@@ -11,11 +11,10 @@ that names GPUs the machine does not have is refused before any process starts.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Mapping
 
 from rocm_yolo.gpu.arch import GpuNode, detect_gpus
-from rocm_yolo.process.tree import run_bounded
+from rocm_yolo.process.tree import python, run_bounded
 
 VISIBILITY = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 PROBE = "import torch; print(torch.cuda.device_count())"
@@ -51,7 +50,7 @@ def used_gpus(gpus: list[GpuNode], ids: list[str] | None, env: Mapping[str, str]
 
 def probe(timeout: float = 60.0) -> int | None:
     """``torch.cuda.device_count()`` in a throwaway process (ROCm builds answer for HIP); None if it cannot tell."""
-    outcome = run_bounded([sys.executable, "-c", PROBE], timeout)
+    outcome = run_bounded(python("-c", PROBE), timeout)
     last = (outcome.stdout.strip().splitlines() or [""])[-1]
     return int(last) if outcome.returncode == 0 and last.isdigit() else None
 

@@ -17,6 +17,7 @@ import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from shlex import quote
 
 from rocm_yolo.errors import UsageError
 from rocm_yolo.launch import ownership
@@ -53,14 +54,17 @@ def _join(spec: RunSpec) -> RunSpec:
     """On more than one machine: the round of the rendezvous this node's first attempt joins, and its profile."""
     if spec.nodes is None:
         return spec
-    found = join_round(spec.paths, spec.profile)
+    found = join_round(spec.paths, spec.profile, own_port=spec.nodes.own_port)
+    nodes = replace(spec.nodes, round=found.number)
+    if spec.nodes.own_port and found.port:  # no port given: the run's own, the same on every node
+        nodes = nodes.at_port(found.port)
     notes = spec.notes
     if found.profile != spec.profile:
         notes += (
             f"node {spec.node} joins round {found.number} of the rendezvous on its profile '{found.profile}' (not "
             f"'{spec.profile}'): every node trains on the same one",
         )
-    joined = with_profile(spec, found.profile).with_changes(nodes=replace(spec.nodes, round=found.number))
+    joined = with_profile(spec, found.profile).with_changes(nodes=nodes)
     return joined.with_changes(notes=notes)
 
 
@@ -107,12 +111,13 @@ def _holds_a_run(run_dir: Path, found: Path) -> str:
     if finished is not None and finished.finished:
         return (
             f"{run_dir} holds a run that finished all {finished.epochs} epochs ({found.relative_to(run_dir)}): train "
-            f"it further with --resume {run_dir} --epochs N, or start a new run from its weights with --model {last} "
+            f"it further with --resume {quote(str(run_dir))} --epochs N, or start a new run from its weights with "
+            f"--model {quote(str(last))} "
             "and another --name"
         )
     return (
         f"{run_dir} holds the checkpoint {found.relative_to(run_dir)} of a run that has not finished: continue it "
-        f"with --resume {run_dir}, or choose another --name"
+        f"with --resume {quote(str(run_dir))}, or choose another --name"
     )
 
 

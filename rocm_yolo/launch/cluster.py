@@ -10,8 +10,11 @@ on its own, the first found:
   else the scheduler's (SLURM: ``SLURM_NODEID``);
 - where the nodes meet: ``--rdzv-endpoint HOST:PORT``, else ``MASTER_ADDR`` and ``MASTER_PORT`` when set
   (Kubeflow's and most SLURM scripts' variables), else the scheduler's first host (SLURM: of
-  ``SLURM_JOB_NODELIST``, expanded without ``scontrol``) and, for a port not given, the one the scheduler
-  derives from its job (SLURM: from ``SLURM_JOB_ID``), else torch's :data:`DEFAULT_PORT`;
+  ``SLURM_JOB_NODELIST``, expanded without ``scontrol``); for a port not given, the run's own, drawn at random
+  when the nodes first meet and kept in the run's private ``round.json`` (``Nodes.own_port``;
+  :func:`rocm_yolo.run.nodes.join_round`), never one anyone could derive from the job; torch's
+  :data:`DEFAULT_PORT` stands for it until then. The node at the endpoint, which hosts the rendezvous' store, is
+  node 0 (SLURM's first host is its node 0);
 - how long the nodes wait for each other there: ``--rdzv-timeout`` (default 10 minutes).
 
 Each scheduler's variables are its backend's (:mod:`.schedulers`, SLURM today). One node (no flags
@@ -62,9 +65,9 @@ def _whole(value: object, flag: str) -> int:
     return int(str(value).strip())
 
 
-def _endpoint_from(env: Mapping[str, str]) -> tuple[str | None, str | None]:
-    """Where a job's nodes meet by its variables (MASTER_ADDR/MASTER_PORT first, then the schedulers'), and the
-    scheduler that said any of it (None: none did)."""
+def _endpoint_from(env: Mapping[str, str]) -> tuple[str | None, str | None, bool]:
+    """Where a job's nodes meet by its variables (MASTER_ADDR/MASTER_PORT first, then the schedulers'), the
+    scheduler that said any of it (None: none did), and whether the port is the run's own (none was given)."""
     host, port, said = env.get(env_names.MASTER_ADDR), env.get(env_names.MASTER_PORT), None
     for scheduler in SCHEDULERS if not host else ():
         host = scheduler.first_host(env)
@@ -72,14 +75,9 @@ def _endpoint_from(env: Mapping[str, str]) -> tuple[str | None, str | None]:
             said = scheduler.name
             break
     if not host:
-        return None, None
-    for scheduler in SCHEDULERS if not port else ():
-        found = scheduler.port(env)
-        if found is not None:
-            port, said = str(found), scheduler.name
-            break
-    port = port or str(DEFAULT_PORT)
-    return parse_endpoint(f"{host}:{port}", f"{env_names.MASTER_ADDR}:{env_names.MASTER_PORT}"), said
+        return None, None, False
+    where = parse_endpoint(f"{host}:{port or DEFAULT_PORT}", f"{env_names.MASTER_ADDR}:{env_names.MASTER_PORT}")
+    return where, said, not port
 
 
 def _from_schedulers(env: Mapping[str, str], value: str) -> tuple[int | None, str | None]:
@@ -125,10 +123,11 @@ def resolve(
         )
     if not 0 <= node < count:
         raise UsageError(f"--node-rank {node}: the {count} nodes of --nnodes {count} are numbered 0 to {count - 1}")
+    own_port = False
     if endpoint is not None:
         where = parse_endpoint(str(endpoint))
     else:
-        where, name = _endpoint_from(env)
+        where, name, own_port = _endpoint_from(env)
         if where is None:
             raise UsageError(
                 f"--nnodes {count} needs --rdzv-endpoint HOST:PORT: the address where the nodes meet, one of them "
@@ -142,6 +141,7 @@ def resolve(
         endpoint=where,
         timeout=seconds,
         source=said[0] if said else "flags",
+        own_port=own_port,
         minimum=minimum if minimum is not None and minimum < count else None,
     )
 

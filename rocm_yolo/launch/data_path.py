@@ -10,14 +10,13 @@ downloads (``yolo26n.pt``), a model YAML of its own (``yolo26n.yaml``, built fro
 from __future__ import annotations
 
 import glob
-import json
 import re
 from pathlib import Path
 
 from rocm_yolo.errors import UsageError
 from rocm_yolo.ultralytics_rules import config as ucfg
 from rocm_yolo.ultralytics_rules.data.check import check_for_training
-from rocm_yolo.ultralytics_rules.data.datasets import ARCHIVES, DataError, datasets_dir, settings_files
+from rocm_yolo.ultralytics_rules.data.datasets import ARCHIVES, DataError, datasets_dir, setting, settings_file
 from rocm_yolo.ultralytics_rules.tasks import CLASSIFY
 
 
@@ -77,14 +76,10 @@ def _ultralytics_yaml(model: str) -> bool:
 def _weights_dirs() -> list[Path]:
     """Ultralytics' ``weights_dir`` setting (where it looks for a checkpoint named without a directory), read from
     its settings file without importing it; its default, ``weights``, without one."""
-    for path in settings_files():
-        try:
-            return [Path(json.loads(path.read_text())["weights_dir"])]
-        except FileNotFoundError:
-            continue
-        except (OSError, ValueError, KeyError, TypeError):
-            return []
-    return [Path("weights")]
+    if settings_file() is None or not settings_file().is_file():
+        return [Path("weights")]
+    found = setting("weights_dir")
+    return [Path(found)] if found else []
 
 
 def resolve_data(data: str, task: str) -> tuple[str, list[str]]:

@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from rocm_yolo.run.atomic import check_cache
 from rocm_yolo.run.paths import demo_dir
 
 DEMO_VERSION = 1
@@ -65,6 +66,7 @@ def write_demo(root: Path | None = None, *, train: int = 32, val: int = 16, size
     import numpy as np
 
     root = Path(root) if root is not None else default_root()
+    check_cache(root, "the demo data set")  # another user's images and YAML are never trained on as the demo
     yaml_path = root / "demo.yaml"
     if yaml_path.is_file():
         return yaml_path

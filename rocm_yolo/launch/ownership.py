@@ -19,6 +19,9 @@ supervisor on one machine while the nodes train (and the other way round). ``flo
 across machines on the shared storage the run is on where that storage supports it (NFS does,
 through its byte-range locks).
 
+The run directory must be the user's own folder, not a link, and rocm-yolo's folder in it (``RUN/rocm_yolo``, each
+node's) is made the user's alone (0700) before the lock is taken in it; the lock is never opened through a link.
+
 Within one process the lock is re-entrant (the Python API may prepare a run twice).
 """
 
@@ -28,8 +31,10 @@ import errno
 import fcntl
 import os
 from pathlib import Path
+from shlex import quote
 
 from rocm_yolo.errors import SetupError, UsageError
+from rocm_yolo.run.atomic import PRIVATE_FILE, check_own, open_no_link, private_dirs
 from rocm_yolo.run.paths import RunPaths
 
 _held: dict[tuple[Path, int | None], tuple[int, ...]] = {}  # (run directory, node) -> fds of the locks held
@@ -38,6 +43,11 @@ _held: dict[tuple[Path, int | None], tuple[int, ...]] = {}  # (run directory, no
 def _setup_error(what: str, path: Path, error: OSError) -> SetupError | UsageError:
     """What the file system refused, naming the file it refused (a file where a folder must be is the user's)."""
     named = Path(error.filename) if getattr(error, "filename", None) else path
+    if error.errno in (errno.ELOOP, errno.EINVAL, errno.ENXIO) and named != path:  # a link or a FIFO planted there
+        return UsageError(
+            f"cannot {what} {path}: {named} is a symbolic link or not a regular file where rocm-yolo keeps a file of "
+            "its own (it never writes through one): remove it, or choose another --name or --project"
+        )
     if error.errno in (errno.EEXIST, errno.ENOTDIR) and not named.is_dir():
         return UsageError(
             f"cannot {what} {path}: {named} is a file where rocm-yolo needs a folder: move it away, or choose "
@@ -77,7 +87,7 @@ def holder(run_dir: str | os.PathLike, node: int | None = None) -> int | None:
     no PID written)."""
     path = RunPaths(run_dir, node).lock
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_no_link(path, os.O_RDONLY)
     except OSError:
         return None
     try:
@@ -97,8 +107,10 @@ def holder(run_dir: str | os.PathLike, node: int | None = None) -> int | None:
 def _open_lock(run_dir: Path, node: int | None) -> int:
     paths = RunPaths(run_dir, node)
     try:
-        paths.node_dir.mkdir(parents=True, exist_ok=True)
-        return os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        check_own(run_dir)
+        private_dirs(paths.state, paths.node_dir)  # the user's alone: refused in one line if another's or a link
+        return open_no_link(paths.lock, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
     except OSError as e:
         raise _setup_error("write to", run_dir, e) from None
 
@@ -113,13 +125,13 @@ def _in_use(run_dir: Path, fd: int, node: int | None) -> UsageError:
         who = ", ".join(f"node {k}" + (f" pid {pid}" if pid else "") for k, pid in nodes.items())
         return UsageError(
             f"{run_dir} is in use by the rocm-yolo supervisors of its nodes ({who}): wait for them to finish, or "
-            f"stop them first (rocm-yolo status {run_dir})"
+            f"stop them first (rocm-yolo status {quote(str(run_dir))})"
         )
     who = f"pid {text}" if text.isdigit() else "another process"
     mine = f" for node {node}" if node is not None else ""
     return UsageError(
         f"{run_dir} is in use by another rocm-yolo supervisor{mine} ({who}): two would overwrite each "
-        f"other's checkpoints; wait for it to finish, or stop it first (rocm-yolo status {run_dir})"
+        f"other's checkpoints; wait for it to finish, or stop it first (rocm-yolo status {quote(str(run_dir))})"
     )
 
 
@@ -132,7 +144,8 @@ def _no_locks(run_dir: Path, error: OSError) -> SetupError:
 
 def acquire(run_dir: str | os.PathLike, node: int | None = None) -> None:
     """Hold ``run_dir`` (as its ``node``, on more than one machine) for this process, or raise :class:`UsageError`
-    naming the holder."""
+    naming the holder; a run directory that is a link or another user's is refused (:func:`check_own`)."""
+    check_own(run_dir)  # as named: resolved, a link would pass for the folder it points at
     run_dir = Path(run_dir).resolve()
     if (run_dir, node) in _held:
         return

@@ -9,6 +9,7 @@ newest checkpoint under the project. What of the run's own settings it keeps is
 from __future__ import annotations
 
 from pathlib import Path
+from shlex import quote
 
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run import checkpoints
@@ -32,7 +33,7 @@ def find_resume(resume: str | bool, project: Path) -> Path:
     if last.parent.name != "weights":
         raise UsageError(
             f"--resume {resume}: a resume continues a run, so it takes RUN/weights/last.pt; "
-            f"to start a new run from these weights use --model {resume}"
+            f"to start a new run from these weights use --model {quote(str(resume))}"
         )
     return last
 
@@ -57,7 +58,8 @@ def resume_point(named: Path, epochs: int | None = None) -> checkpoints.ResumePo
         reason = checkpoints.verify(named)
         if reason is not None:
             raise UsageError(
-                f"checkpoint {named} is unusable ({reason}): resume with --resume {named.with_name('last.pt')}"
+                f"checkpoint {named} is unusable ({reason}): resume with "
+                f"--resume {quote(str(named.with_name('last.pt')))}"
             )
         point = checkpoints.ResumePoint(named)
     else:
@@ -88,7 +90,7 @@ def _reopen(point: checkpoints.ResumePoint, run_dir: Path, done: int, epochs: in
         raise UsageError(
             f"the run in {run_dir} finished all {done} epochs and keeps no copy with its optimizer to train on "
             f"from (it finished before rocm-yolo kept weights/{paths.last_good.name}): start a new run from its "
-            f"weights with --model {paths.last} epochs={epochs}"
+            f"weights with --model {quote(str(paths.last))} epochs={epochs}"
         )
     note = f"training the finished run on from epoch {done} to {epochs}, from {paths.last_good.name}"
     return checkpoints.ResumePoint(paths.last, note, reopen=paths.last_good)

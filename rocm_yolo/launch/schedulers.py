@@ -1,10 +1,11 @@
 """The schedulers whose variables form a multi-node job: each one a small backend that owns its own variables.
 
 As submitit's ``JobEnvironment`` does, each scheduler says, from the variables it sets in every task
-of a job, how many nodes the job has, which one this is, the first host and a port every node derives
-alike. :mod:`.cluster` asks them in :data:`SCHEDULERS`' order, value by value, where the node flags
-say nothing. SLURM is the one today; another (PBS, LSF, Flux) is one more class with the same four
-methods, named in :data:`SCHEDULERS`. Pure logic: each reads the variables it is given.
+of a job, how many nodes the job has, which one this is and the first host. :mod:`.cluster` asks them in
+:data:`SCHEDULERS`' order, value by value, where the node flags say nothing. SLURM is the one today; another
+(PBS, LSF, Flux) is one more class with the same three methods, named in :data:`SCHEDULERS`. No scheduler gives a
+port: what every node could derive from a job's variables, anyone who can list the jobs could derive too (the port
+is the run's own: :mod:`.cluster`). Pure logic: each reads the variables it is given.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from typing import Mapping, Protocol
 
 from rocm_yolo import environment as env_names
 from rocm_yolo.errors import UsageError
-
-SLURM_PORT_BASE, SLURM_PORT_SPAN = 15000, 15000  # ports 15000-29999: below Linux's ephemeral range
 
 
 class Scheduler(Protocol):
@@ -32,9 +31,6 @@ class Scheduler(Protocol):
     def first_host(self, env: Mapping[str, str]) -> str | None:
         """The job's first host, where the nodes meet; UsageError when the variable cannot be read."""
 
-    def port(self, env: Mapping[str, str]) -> int | None:
-        """A port for the rendezvous, the same on every node of the job."""
-
 
 def _whole(env: Mapping[str, str], name: str) -> int | None:
     value = env.get(name, "")
@@ -43,7 +39,7 @@ def _whole(env: Mapping[str, str], name: str) -> int | None:
 
 class Slurm:
     """SLURM's variables, as ``sbatch`` and ``srun`` set them in every task: ``SLURM_NNODES``, ``SLURM_NODEID``,
-    ``SLURM_JOB_NODELIST`` (older: ``SLURM_NODELIST``) and ``SLURM_JOB_ID`` (older: ``SLURM_JOBID``)."""
+    ``SLURM_JOB_NODELIST`` (older: ``SLURM_NODELIST``)."""
 
     name = "SLURM"
 
@@ -64,19 +60,8 @@ class Slurm:
                 f"{env_names.SLURM_JOB_NODELIST}={nodelist} cannot be read ({e}): give --rdzv-endpoint HOST:PORT"
             ) from None
 
-    def port(self, env: Mapping[str, str]) -> int | None:
-        job = env.get(env_names.SLURM_JOB_ID) or env.get(env_names.SLURM_JOBID)
-        return slurm_port(job) if job else None
-
 
 SCHEDULERS: tuple[Scheduler, ...] = (Slurm(),)  # asked in this order
-
-
-def slurm_port(job_id: str | int) -> int:
-    """The rendezvous port of a SLURM job, the same on every node of it: 15000 + the job id modulo 15000.
-    Two jobs on the same first host collide only if their ids are 15000 apart."""
-    digits = re.sub(r"\D", "", str(job_id))  # array jobs: 1234_7
-    return SLURM_PORT_BASE + int(digits or 0) % SLURM_PORT_SPAN
 
 
 def _split_top(text: str) -> list[str]:

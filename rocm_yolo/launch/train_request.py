@@ -179,7 +179,7 @@ class TrainRequest:
         default=None,
         metadata=_option(
             "where the nodes meet (torch's c10d rendezvous), the same on every node (default: MASTER_ADDR:"
-            "MASTER_PORT, else SLURM's first host and a port from SLURM_JOB_ID)",
+            "MASTER_PORT, else SLURM's first host; with no port given, the run draws its own, kept private)",
             group="nodes",
             metavar="HOST:PORT",
         ),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from shlex import quote
 
 from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
 from rocm_yolo.errors import UsageError
@@ -356,7 +357,8 @@ def _refuse_what_a_resume_drops(req: CheckedRequest, last: Path) -> None:
         value = req.extra.get(key, req.flags.get(key))
         raise UsageError(
             f"{key}={value}: a resume keeps the run's {key} (Ultralytics' resume takes it from the checkpoint); "
-            f"to train with another, start a new run from its weights: --model {last} {key}={value}"
+            f"to train with another, start a new run from its weights: --model {quote(str(last))} "
+            f"{quote(f'{key}={value}')}"
         )
 
 
@@ -367,7 +369,7 @@ def _resumed_run(req: CheckedRequest, resume: str | bool, project_dir: Path, nod
     if nodes is not None and checkpoints.is_mid_checkpoint(last):
         raise UsageError(
             f"--resume {resume}: on more than one machine every node resumes from the run's newest checkpoint, the "
-            f"one they all see: resume with --resume {run_dir}"
+            f"one they all see: resume with --resume {quote(str(run_dir))}"
         )
     previous = req.carry(run_dir, nodes.node if nodes is not None else None)
     if req.data:

@@ -4,7 +4,8 @@ Torch-free and light (ctypes, psutil): the supervisor, the trainer, the fork ser
 DataLoader worker use it, and so do the doctor, the conv self-test, the tests and the benchmarks.
 
 - :mod:`.lifecycle`: dying with the parent (``PR_SET_PDEATHSIG``), the stack-dump signal, liveness;
-- :mod:`.tree`: process trees: start in a session, dump stacks, kill all of it, bounded helper commands;
+- :mod:`.tree`: process trees: start in a session, dump stacks, kill all of it (never what got a reaped child's pid),
+  bounded helper commands, the command line of every interpreter rocm-yolo starts (``-P``);
 - :mod:`.kernel_view`: what the kernel says of a tree in /proc: where each thread waits, whether the processes move;
 - :mod:`.cgroup`: the run's memory cgroup: the OOM kills it counted, the memory it allows;
 - :mod:`.tagged`: commands started with a tag in their environment, all their processes found and stopped;

@@ -4,7 +4,9 @@ The watchdog's notifications (``--notify CMD``) run this way: a command that fai
 never delay or break the run. :class:`BackgroundCommands` starts each command through ``/bin/sh -c`` in its own
 session (Ctrl-C in the terminal does not reach it; it dies with this process even when this one is SIGKILLed),
 writes its input without ever blocking, and is polled: a command that exited is reaped, one past its timeout is
-killed with its whole session, and the first failure is said once (later ones are only counted). The commands run
+killed with its whole session, and the first failure is said once (later ones are only counted). A command that
+exited is swept (what it left in its session is killed) before it is reaped, while its session id is still its
+own: never another's that got the number since (:class:`rocm_yolo.process.tree.Tree`). The commands run
 one after another, in the order they were given, so that what they deliver arrives in order. :meth:`close` gives
 the commands still running or waiting a few seconds, then kills them: none is left once the caller is done.
 """
@@ -12,23 +14,20 @@ the commands still running or waiting a few seconds, then kills them: none is le
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable
 
-import psutil
-
-from rocm_yolo.process.tree import kill_now, send, start
+from rocm_yolo.process.tree import Tree, kill_now, start
 
 MAX_WAITING = 32  # more waiting and the oldest is dropped: a notifier that never returns must not pile them up
 
 
 @dataclass
 class _Running:
-    proc: subprocess.Popen
+    proc: Tree  # the shell, unreaped until its session is swept
     err: object  # a temporary file: the command's stderr, for the one line that says why it failed
     started: float
 
@@ -70,13 +69,13 @@ class BackgroundCommands:
                 proc.stdin.close()
             except OSError:
                 pass
-        self.running.append(_Running(proc, err, self.clock()))
+        self.running.append(_Running(Tree(proc), err, self.clock()))
 
     def poll(self) -> None:
         """Reap the command that exited (a failure is said once) or kill it past its timeout; start the next."""
         still = []
         for job in self.running:
-            code = job.proc.poll()
+            code = job.proc.exited()  # not reaped: its session id is its own until the sweep
             if code is None and self.clock() - job.started >= self.timeout:
                 self._kill(job, f"no answer within {self.timeout:g} s: killed")
             elif code is None:
@@ -84,7 +83,7 @@ class BackgroundCommands:
             else:
                 if code != 0:
                     self._failed(f"exit {code}" + _first_line(job.err))
-                _sweep(job.proc.pid)  # whatever it left running in its session
+                kill_now(job.proc, timeout=1.0)  # whatever it left running in its session goes; then it is reaped
                 job.err.close()
         self.running = still
         while not self.running and self.waiting:
@@ -115,20 +114,6 @@ class BackgroundCommands:
                 self.on_failure(why)
             except Exception:
                 pass
-
-
-def _sweep(session: int) -> None:
-    """SIGKILL what is left of the session ``session`` (its leader exited and was reaped: a session id is never
-    reused while a process of that session lives, the leader's pid may be)."""
-    left = []
-    for proc in psutil.process_iter():
-        try:
-            if os.getsid(proc.pid) == session:
-                left.append(proc)
-        except (OSError, psutil.Error):
-            continue
-    send(left, signal.SIGKILL)
-    psutil.wait_procs(left, timeout=1.0)
 
 
 def _first_line(handle) -> str:

@@ -4,7 +4,7 @@
   it is SIGKILLed (:func:`die_with_parent`, Linux ``PR_SET_PDEATHSIG``), so no orphan keeps
   the GPU;
 - each of them registers faulthandler on :data:`DUMP_SIGNAL`, which the watchdog sends to
-  dump their Python stacks;
+  dump their Python stacks, into a file of its own in the run's private ``stacks/`` (:func:`dump_stacks_into`);
 - :data:`rocm_yolo.environment.SUPERVISOR_PID` names the supervisor to its descendants (py-spy may attach to them);
 - a stop that arrives during a checkpoint's save waits for the save to end (:func:`uninterrupted`);
 - a process that imported torch exits without collecting it (:func:`exit_uncollected`).
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import gc
 import os
 import signal
@@ -25,6 +26,7 @@ from typing import Callable, Iterator, NoReturn
 import psutil
 
 from rocm_yolo import environment
+from rocm_yolo.run.atomic import open_append, private_dirs
 
 DUMP_SIGNAL = signal.SIGUSR1  # faulthandler is registered on it in the trainer and every worker
 PR_SET_PDEATHSIG = 1
@@ -91,6 +93,16 @@ def die_with_parent(parent_pid: int = 0) -> None:
         return
     if parent_pid and os.getppid() != parent_pid:  # the parent died before the call above
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def dump_stacks_into(paths, path):
+    """Register faulthandler on :data:`DUMP_SIGNAL`: this process's stacks go into ``path``, a file of the run's
+    ``stacks/`` folder (``paths``: the run's :class:`~rocm_yolo.run.paths.RunPaths`), made private and never opened
+    through a link. The file stays open for the life of the process; returned."""
+    private_dirs(paths.state, paths.node_dir, paths.stacks)
+    handle = open_append(path)
+    faulthandler.register(DUMP_SIGNAL, file=handle, all_threads=True, chain=False)
+    return handle
 
 
 def alive(pid: int | None) -> bool:

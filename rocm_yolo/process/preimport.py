@@ -4,13 +4,16 @@ A worker forked from a fork server unpickles its dataset, and unpickling imports
 defines the dataset's class (and its ``worker_init_fn`` and ``collate_fn``) if the server had not
 imported it: a module with heavy imports then costs its import time in every worker of every
 loader (torch's ``test_iterable_style_dataset`` took 31 s instead of 1 s). The server's preload
-list is fixed when it starts, so the loader's side names the modules its workers will need in a
-file, and the server imports the new names of that file before its next fork:
+list is fixed when it starts, so the loader's side names the modules its workers will need, over a pipe
+from the trainer to its server (never a file: what a file says, whoever could write it would have every
+worker import), and the server imports the new names before its next fork:
 
-- :func:`want` (the process that builds loaders): append module names to the file named by
-  :data:`rocm_yolo.environment.FORKSERVER_IMPORTS`, one JSON line each with the ``sys.path`` to
-  import it from; a name already written is not written again;
-- :func:`import_wanted` (the fork server, before each fork): import the names added since it last
+- :func:`channel` (the trainer, before it starts its server): the pipe; its read end's number goes to the
+  server in :data:`rocm_yolo.environment.FORKSERVER_IMPORTS` (the server inherits that descriptor);
+- :func:`want` (the process that builds loaders): write module names into the pipe, one JSON line each
+  with the ``sys.path`` to import it from, never blocking (what the pipe does not take now goes with the
+  next call); a name already sent is not sent again;
+- :func:`import_wanted` (the fork server, before each fork): import the names that came since it last
   looked. A module that fails to import is skipped: the worker then imports it itself and
   reports its error as it would have.
 
@@ -25,24 +28,53 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from typing import Iterable
 
 from rocm_yolo import environment
 
 _fork = os.fork  # the real one: the fork server's os.fork calls import_wanted first (trainer/loaders/preload)
-_written: set[str] = set()  # the loader's side: names already in the file
-_seen = 0  # the server's side: how many bytes of the file it has read
+_written: set[str] = set()  # the loader's side: names already sent
+_pipe: list = [None, b""]  # the loader's side: the write end, and what it has not taken yet
+_received = b""  # the server's side: the beginning of a line whose end has not come yet
 
 
-def path() -> str | None:
-    """The file of wanted modules of this process's fork server, if the server reads one."""
-    return os.environ.get(environment.FORKSERVER_IMPORTS) or None
-
-
-def reset() -> None:
-    """A new fork server reads a new, empty file: every name is asked for again."""
+def channel() -> int:
+    """The trainer, before it starts its fork server: a new pipe for the names (every name is asked for again);
+    returns its read end, which the server inherits (its number in :data:`rocm_yolo.environment.FORKSERVER_IMPORTS`).
+    Neither end is inherited by anything else the trainer starts (``O_CLOEXEC``); neither blocks."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    os.set_blocking(write_end, False)
+    if _pipe[0] is not None:
+        _close(_pipe[0])
+    _pipe[:] = [write_end, b""]
     _written.clear()
+    return read_end
+
+
+def close() -> None:
+    """No fork server reads the names any more (it could not be started): nothing is sent."""
+    if _pipe[0] is not None:
+        _close(_pipe[0])
+    _pipe[:] = [None, b""]
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def source() -> int | None:
+    """The fork server: the read end of the pipe its trainer writes the wanted modules into, if there is one."""
+    value = os.environ.get(environment.FORKSERVER_IMPORTS, "")
+    try:
+        return int(value) if value.isdigit() and stat.S_ISFIFO(os.fstat(int(value)).st_mode) else None
+    except OSError:  # a server started without it (a new one multiprocessing made): no names come
+        return None
 
 
 def want(names: Iterable[str]) -> list[str]:
@@ -51,20 +83,25 @@ def want(names: Iterable[str]) -> list[str]:
     Each line is a JSON object: the module and this process's ``sys.path``, which the server takes
     before it imports, as each worker takes it when it starts (the server's own is the one it started with).
     """
-    target = path()
-    if target is None:
+    if _pipe[0] is None:
         return []
     new = [n for n in dict.fromkeys(names) if n and n not in _written and _needed(n)]
-    if not new:
-        return []
     lines = [json.dumps({"module": n, "sys_path": sys.path}) for n in new]
-    try:
-        with open(target, "a") as f:
-            f.write("".join(line + "\n" for line in lines))
-    except OSError:
-        return []
+    _pipe[1] += "".join(line + "\n" for line in lines).encode()
+    _send()
     _written.update(new)
     return new
+
+
+def _send() -> None:
+    """Write what the pipe takes now; the rest waits for the next call (the server reads before each fork)."""
+    try:
+        while _pipe[1]:
+            _pipe[1] = _pipe[1][os.write(_pipe[0], _pipe[1]) :]
+    except BlockingIOError:
+        pass
+    except OSError:  # the server is gone: its workers import what they need themselves
+        _pipe[1] = b""
 
 
 def _needed(name: str) -> bool:
@@ -73,19 +110,19 @@ def _needed(name: str) -> bool:
 
 
 def import_wanted() -> list[str]:
-    """In the fork server: import the modules added to the file since the last call; returns them."""
-    global _seen
-    target = path()
-    if target is None:
+    """In the fork server: import the modules its trainer sent since the last call; returns them."""
+    global _received
+    fd = source()
+    if fd is None:
         return []
+    data = _received
     try:
-        with open(target, "rb") as f:
-            f.seek(_seen)
-            data = f.read()
-    except OSError:
-        return []
-    complete = data[: data.rfind(b"\n") + 1]  # a line still being written is read next time
-    _seen += len(complete)
+        while chunk := os.read(fd, 65536):
+            data += chunk
+    except OSError:  # nothing more now (EAGAIN), or no such pipe
+        pass
+    cut = data.rfind(b"\n") + 1  # a line still being written is read next time
+    complete, _received = data[:cut], data[cut:]
     done = []
     for line in complete.decode("utf-8", "replace").splitlines():
         try:

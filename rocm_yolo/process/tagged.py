@@ -22,7 +22,7 @@ from rocm_yolo.process.lifecycle import alive
 from rocm_yolo.process.tree import with_env
 
 # Asked of the testing plugin: a run's environment inherits none of them unless the caller gives them.
-TESTING_VARIABLES = (environment.FAULT, environment.RECORD_BATCHES, environment.PLUGINS)
+TESTING_VARIABLES = (environment.FAULT, environment.RECORD_BATCHES, environment.PLUGINS, environment.ANY_PLUGIN)
 
 
 class Tagged:

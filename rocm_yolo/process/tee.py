@@ -31,11 +31,13 @@ import time
 from collections import deque
 from pathlib import Path
 
-from rocm_yolo.run.events import FdSink
+from rocm_yolo.run.atomic import open_append, write_atomic
+from rocm_yolo.run.events import FdSink, printable
 
 CAP = 1 << 20  # the file: at most 1 MiB (its newest half survives a trim)
 TAIL = 64 << 10  # in memory: the newest 64 KiB
 HOLD = 0.1  # seconds a line's beginning waits for its end before it is shown as it is
+PARTIAL = 64 << 10  # a line's beginning held for its end: at most 64 KiB, then shown as it is
 
 
 class Tee:
@@ -76,6 +78,8 @@ class Tee:
                 self._read += len(data)
                 cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
                 shown, self._partial = (self._partial + data[:cut], data[cut:]) if cut else (b"", self._partial + data)
+                if len(self._partial) > PARTIAL:  # a line that never ends is shown in pieces, not held whole
+                    shown, self._partial = shown + self._partial, b""
                 if shown:
                     self._show(shown)  # outside the lock; the sink never blocks on a paused terminal (Ctrl-S)
                 with self._lock:
@@ -95,7 +99,7 @@ class Tee:
 
     def _show(self, data: bytes) -> None:
         if self.out is not None:
-            self.out.write(data)
+            self.out.write(printable(data))  # no control sequence of the child's reaches the terminal
 
     def _keep(self, data: bytes) -> None:
         self._kept += len(data)
@@ -109,10 +113,10 @@ class Tee:
             if self._size + len(data) > self.cap:
                 old = self.path.read_bytes() if self.path.exists() else b""
                 kept = (old + data)[-(self.cap // 2) :]
-                self.path.write_bytes(b"[... earlier output dropped ...]\n" + kept[kept.find(b"\n") + 1 :])
+                write_atomic(self.path, b"[... earlier output dropped ...]\n" + kept[kept.find(b"\n") + 1 :])
                 self._size = self.path.stat().st_size
                 return
-            with open(self.path, "ab") as f:
+            with open_append(self.path, text=False) as f:  # never through a link
                 f.write(data)
             self._size += len(data)
         except OSError:

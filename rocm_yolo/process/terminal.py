@@ -7,7 +7,8 @@ ladder (issue 27). :func:`guard` puts a :class:`GuardedStream` in place of ``sys
 same stream until a write fails because the terminal is gone; then the file descriptor is pointed at
 ``/dev/null`` (what C writes to it is dropped too), ``on_lost`` is called once, and from then on each complete
 line (a progress bar's last state, without colours) goes to ``keep``, e.g. the run's log. A reader that went
-away from a pipe (EPIPE) is not guarded: the CLI stops quietly on it (exit 141), as before.
+away from a pipe (EPIPE) is not guarded: the CLI stops quietly on it (exit 141), as before. What it writes keeps no
+control character a terminal would act on but colours (:func:`rocm_yolo.run.events.printable`).
 
 Install it before the code that keeps a reference to the stream is imported (Ultralytics' logger holds
 ``sys.stdout`` from its import on).
@@ -20,6 +21,8 @@ import os
 import re
 import sys
 from typing import Callable, Optional
+
+from rocm_yolo.run.events import printable
 
 LOST = frozenset({errno.EIO, errno.ENXIO})  # the terminal is gone
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -44,7 +47,8 @@ class GuardedStream:
     def write(self, text: str) -> int:
         if not self.lost:
             try:
-                return self._stream.write(text)
+                self._stream.write(printable(text))  # no control sequence but colours reaches the terminal
+                return len(text)
             except OSError as e:
                 if e.errno not in LOST:
                     raise

@@ -5,14 +5,25 @@ workers, the multiprocessing resource tracker and anything else it starts stay i
 session even when orphaned. :func:`members` finds them through the process tree and the
 session id, :func:`kill` sends SIGTERM, waits a bounded time, then SIGKILL, waits a bounded
 time again, and returns whatever still lives (a process stuck in the kernel): it never
-waits without a limit. :func:`run_bounded` is the one runner of throwaway helper commands
-(doctor probes, the conv self-test): bounded in time, output captured, nothing left behind.
+waits without a limit.
+
+A child's pid (and its session id, the same number) is its own only until the child is reaped: then the
+kernel may give the number to any new process, and an unrelated tree of the same user would get the signals.
+So a :class:`Tree` (what :func:`kill` and :func:`kill_now` take) holds its child unreaped: it learns of an exit
+without reaping (``waitid`` with ``WNOWAIT``: the zombie keeps the number), signals the child itself through a
+pidfd taken at the start (``pidfd_send_signal``), and reaps only at the end of a kill, after the last look at
+the session. From then on it signals only the processes it saw before the reap that still run (psutil checks a
+process's start time before each signal), and never looks the number up again.
+
+:func:`run_bounded` is the one runner of throwaway helper commands (doctor probes, the conv self-test): bounded in
+time, output captured, nothing left behind. :func:`python` is the command line of every interpreter rocm-yolo starts.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -27,6 +38,17 @@ from typing import Callable, Sequence
 import psutil
 
 from rocm_yolo.process.lifecycle import DUMP_SIGNAL, pdeathsig_kill, signal_name
+from rocm_yolo.run.atomic import write_report
+
+SAFE_PATH = "PYTHONSAFEPATH"  # -P for an interpreter started by another program (torch's launcher starts the ranks)
+
+
+def python(*args: str, executable: str | None = None) -> list[str]:
+    """The command line of a new interpreter rocm-yolo starts (the trainer, the DDP launcher, a probe): ``-P``, so
+    that neither the working directory (``-m``, ``-c``) nor a script's folder is on its ``sys.path``: a ``psutil.py``
+    someone left in the folder the user trains from (a shared data set, /tmp) is never imported. ``PYTHONPATH`` still
+    counts, and every interpreter started by this one with its flags (multiprocessing's) has ``-P`` too."""
+    return [executable or sys.executable, "-P", *args]
 
 
 def start(cmd: list[str], env: dict | None = None, cwd: str | None = None, *, pass_fds=(), **popen) -> subprocess.Popen:
@@ -65,6 +87,78 @@ def members(pid: int) -> list[psutil.Process]:
     return list(found.values())
 
 
+class Tree:
+    """A child made by :func:`start` (a session of its own) and the processes of its session, never confused with
+    what may get its number after it is reaped (see above)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.pid = proc, proc.pid
+        try:
+            self.pidfd: int | None = os.pidfd_open(proc.pid)  # Linux 5.3: signals reach this child and no other
+        except (AttributeError, OSError):
+            self.pidfd = None
+        self.seen: dict[int, psutil.Process] = {}  # every process of the tree seen while the child was not reaped
+        self.reaped = False
+
+    def exited(self) -> int | None:
+        """Its exit code once it has exited (as ``Popen.returncode``), without reaping it."""
+        if self.proc.returncode is not None:
+            return self.proc.returncode
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped by someone else: the Popen knows its code
+            return self.proc.poll()
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+    def wait(self, timeout: float) -> int | None:
+        """Wait up to ``timeout`` seconds for the child to exit, without reaping it; its exit code, or None."""
+        deadline = time.monotonic() + timeout
+        while (code := self.exited()) is None and (left := deadline - time.monotonic()) > 0:
+            if self.pidfd is not None:
+                select.select([self.pidfd], [], [], left)  # readable once the child has exited
+            else:
+                time.sleep(min(left, 0.05))
+        return code
+
+    def members(self) -> list[psutil.Process]:
+        """Its processes now: by pid and session id while the child is not reaped (a zombie's number is still its
+        own); once reaped, only those seen before that still run."""
+        if not self.reaped:
+            found = members(self.pid)
+            self.seen.update((p.pid, p) for p in found)
+            return found
+        return [p for p in self.seen.values() if _running(p)]
+
+    def signal_child(self, sig: int) -> None:
+        """``sig`` to the child itself (through its pidfd), never to a process that took its number."""
+        if self.reaped:
+            return
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, sig)
+            elif self.exited() is None:
+                os.kill(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def reap(self, timeout: float = 1.0) -> int | None:
+        """Reap the child once it has exited (within ``timeout``), after the last look at its session; its exit code
+        (None: it still runs)."""
+        if not self.reaped:
+            self.members()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return None
+            self.reaped = True
+            if self.pidfd is not None:
+                os.close(self.pidfd)
+                self.pidfd = None
+        return self.proc.returncode
+
+
 def with_env(var: str, value: str) -> list[psutil.Process]:
     """Processes (of this user) whose environment has ``var=value``: a tag every descendant inherits."""
     found = []
@@ -85,8 +179,8 @@ def send(procs: list[psutil.Process], sig: int) -> None:
             pass
 
 
-def kill(pid: int, term_timeout: float = 8.0, kill_timeout: float = 4.0) -> list[int]:
-    """Stop the whole tree of ``pid``: SIGTERM, a bounded wait, SIGKILL for the rest.
+def kill(tree: Tree, term_timeout: float = 8.0, kill_timeout: float = 4.0) -> list[int]:
+    """Stop the whole ``tree``: SIGTERM, a bounded wait, SIGKILL for the rest; then reap its child.
 
     The leader (the trainer) gets SIGTERM first and up to half of ``term_timeout`` to shut
     its own workers down, so they are not killed under it (torch would report each one);
@@ -94,36 +188,45 @@ def kill(pid: int, term_timeout: float = 8.0, kill_timeout: float = 4.0) -> list
     afterwards (stuck in uninterruptible sleep); never blocks longer than ``term_timeout +
     kill_timeout`` plus a few psutil calls.
     """
-    procs = members(pid)
-    if not procs:
-        return []
+    procs = tree.members()
     deadline = time.monotonic() + term_timeout
-    leader = [p for p in procs if p.pid == pid]
-    if leader:
-        send(leader, signal.SIGTERM)
+    if any(p.pid == tree.pid for p in procs) and tree.exited() is None:
+        tree.signal_child(signal.SIGTERM)
         send(procs, signal.SIGCONT)  # a stopped tree (Ctrl-Z, SIGSTOP) wakes to find the stop, not to train on
-        psutil.wait_procs(leader, timeout=term_timeout / 2)
-    alive = {p.pid: p for p in procs + members(pid) if _running(p)}
+        _wait_gone([p for p in procs if p.pid == tree.pid], term_timeout / 2)
+    alive = {p.pid: p for p in procs + tree.members() if _running(p)}
     send(list(alive.values()), signal.SIGTERM)
     send(list(alive.values()), signal.SIGCONT)
-    _, still = psutil.wait_procs(list(alive.values()), timeout=max(0.0, deadline - time.monotonic()))
-    still += [p for p in members(pid) if p.pid not in {a.pid for a in still} and _running(p)]
+    still = _wait_gone(list(alive.values()), max(0.0, deadline - time.monotonic()))
+    still += [p for p in tree.members() if p.pid not in {a.pid for a in still} and _running(p)]
     if still:
         send(still, signal.SIGKILL)
-        _, still = psutil.wait_procs(still, timeout=kill_timeout)
+        still = _wait_gone(still, kill_timeout)
+    tree.reap()
     return [p.pid for p in still]
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait up to ``timeout`` seconds until none of ``procs`` runs (a zombie does not); the ones that still do. Reaps
+    nothing (psutil's own wait reaps a child of this process: its number would be free again)."""
+    deadline = time.monotonic() + timeout
+    still = [p for p in procs if _running(p)]
+    while still and time.monotonic() < deadline:
+        time.sleep(0.05)
+        still = [p for p in still if _running(p)]
+    return still
 
 
 # the write system calls by machine (asm/unistd of x86_64 and of the generic table aarch64 uses)
 _WRITES = {"x86_64": {1, 20}, "aarch64": {64, 66}}
 
 
-def blocked_on_terminal(pid: int) -> int | None:
-    """The pid of a process of ``pid``'s tree whose main thread waits in a write to a terminal (a paused
+def blocked_on_terminal(procs: list[psutil.Process]) -> int | None:
+    """The pid of a process of ``procs`` (a tree's) whose main thread waits in a write to a terminal (a paused
     terminal: Ctrl-S), or None. Read from ``/proc/PID/syscall`` (the call and its first argument, the fd) and
     the fd's target; where that cannot be read, from ``/proc/PID/wchan``."""
     writes = _WRITES.get(os.uname().machine, set())
-    for proc in members(pid):
+    for proc in procs:
         try:
             call = Path(f"/proc/{proc.pid}/syscall").read_text().split()
             if call and call[0].isdigit() and int(call[0]) in writes:
@@ -145,19 +248,17 @@ def _running(proc: psutil.Process) -> bool:
         return False
 
 
-def kill_now(proc: subprocess.Popen, timeout: float = 5.0) -> list[int]:
+def kill_now(tree: Tree, timeout: float = 5.0) -> list[int]:
     """SIGKILL a child made by :func:`start` and its whole session at once, and reap it.
 
-    For throwaway helper processes (self-tests, doctor probes): no grace period. Returns the
+    For throwaway helper processes (self-tests, doctor probes, notify commands): no grace period. Returns the
     pids still alive after ``timeout``.
     """
-    procs = members(proc.pid)
+    procs = tree.members()
+    tree.signal_child(signal.SIGKILL)
     send(procs, signal.SIGKILL)
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pass
+    alive = _wait_gone(procs, timeout)
+    tree.reap(timeout)
     return [p.pid for p in alive]
 
 
@@ -168,15 +269,17 @@ def dump_stacks(
     roles: dict[int, str] | None = None,
     wait: float = 2.0,
     py_spy_timeout: float = 10.0,
+    procs: list[psutil.Process] | None = None,
 ) -> Path:
     """Write the Python stacks of every process in the tree into ``out``; bounded in time.
 
     Sends :data:`DUMP_SIGNAL` (faulthandler writes from C, even while Python is deadlocked),
     reads what each process wrote into ``stacks_dir``, and adds ``py-spy dump --native`` where
-    py-spy is installed and permitted.
+    py-spy is installed and permitted. ``procs``: the tree's processes (a :class:`Tree`'s ``members()``), else found
+    from ``pid``. The report is 0640, never written through a link, and cut to its last 10 MiB.
     """
     roles = dict(roles or {})
-    procs = members(pid)
+    procs = members(pid) if procs is None else procs
     sizes = {f: f.stat().st_size for f in stacks_dir.glob("*.txt")} if stacks_dir.is_dir() else {}
     # The trainer first: a worker killed by the signal must not make the trainer unwind before it dumped.
     trainer = [p for p in procs if p.pid == pid]
@@ -203,8 +306,7 @@ def dump_stacks(
         if proc.pid in native:
             parts.append(native[proc.pid])
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(parts) + "\n")
-    return out
+    return write_report(out, "\n".join(parts) + "\n")
 
 
 def find_py_spy() -> str | None:
@@ -274,13 +376,13 @@ class Outcome:
         return lines[-n:]
 
 
-def start_captured(cmd: Sequence[str], env: dict | None = None) -> tuple[subprocess.Popen, object, object]:
+def start_captured(cmd: Sequence[str], env: dict | None = None) -> tuple[Tree, object, object]:
     """Start ``cmd`` in its own session (process group), output to temporary files."""
     out, err = tempfile.TemporaryFile(mode="w+b"), tempfile.TemporaryFile(mode="w+b")
     for handle in (out, err):  # appends: the child's writes never land where our reads seek
         fcntl.fcntl(handle.fileno(), fcntl.F_SETFL, fcntl.fcntl(handle.fileno(), fcntl.F_GETFL) | os.O_APPEND)
     proc = start(list(cmd), env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)  # dies with the doctor
-    return proc, out, err
+    return Tree(proc), out, err
 
 
 def read_file(handle) -> str:
@@ -309,11 +411,8 @@ def run_bounded(
     try:
         while True:
             left = deadline - time.monotonic()
-            try:
-                proc.wait(timeout=max(0.0, min(left, poll) if rebase is not None else left))
-                break
-            except subprocess.TimeoutExpired:
-                pass
+            if proc.wait(max(0.0, min(left, poll) if rebase is not None else left)) is not None:
+                break  # not reaped: the session is swept below while its number is its own
             if rebase is not None:
                 allowance = rebase(read_file(out))
                 if allowance is not None:
@@ -322,9 +421,9 @@ def run_bounded(
                 timed_out = True
                 break
     finally:
-        kill_now(proc)  # also reaps anything a finished command left in its group
+        kill_now(proc)  # also kills anything a finished command left in its session, then reaps it
     result = Outcome(
-        None if timed_out else proc.returncode, read_file(out), read_file(err), time.monotonic() - began, timed_out
+        None if timed_out else proc.proc.returncode, read_file(out), read_file(err), time.monotonic() - began, timed_out
     )
     out.close()
     err.close()

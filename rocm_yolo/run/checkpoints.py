@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocm_yolo.errors import UsageError
-from rocm_yolo.run.atomic import copy_atomic
+from rocm_yolo.run.atomic import copy_atomic, untrusted
 from rocm_yolo.run.paths import GOOD_NAME, RunPaths
 
 # --------------------------------------------------------------------------- reading a checkpoint inertly
@@ -127,9 +127,13 @@ def verify(path: str | os.PathLike) -> str | None:
     Checked as torch reads it: a zip archive whose members are whole (CRCs), with a ``data.pkl``
     whose every storage record is present (a stop inside ``torch.save`` can leave a well-formed
     archive that lacks some). The pickle is read inertly (:class:`InertUnpickler`):
-    nothing it names is imported or run. Never raises: any failure is a reason to fall back.
+    nothing it names is imported or run. Never raises: any failure is a reason to fall back. A file that is not the
+    user's own (another user's, or a link) is no checkpoint to resume from: Ultralytics would unpickle it whole.
     """
     p = Path(path)
+    why = untrusted(p)
+    if why is not None:
+        return f"not the user's own file: it {why}"
     try:
         if not p.is_file():
             return "no such file"
@@ -164,7 +168,8 @@ def find_latest(project: str | os.PathLike) -> Path | None:
     """The ``weights/last.pt`` of the run under ``project`` with the newest checkpoint (by modification time).
 
     A run left with only its verified copy or only mid-epoch checkpoints (a hang in its first
-    epoch) counts: the path returned is then the ``last.pt`` it does not have yet.
+    epoch) counts: the path returned is then the ``last.pt`` it does not have yet. Only the user's own runs count:
+    a checkpoint, ``weights/`` folder or run folder of another user's, or a link, is passed over.
     """
     root = Path(project)
     if not root.is_dir():
@@ -172,6 +177,8 @@ def find_latest(project: str | os.PathLike) -> Path | None:
     newest: dict[Path, float] = {}
     for pattern in ("last.pt", GOOD_NAME, "ep*-ba*.pt"):
         for p in root.glob(f"**/weights/{pattern}"):
+            if any(untrusted(x) for x in (p, p.parent, p.parent.parent)):
+                continue  # another user's run (or a link to one) under a shared project folder
             try:
                 mtime = p.stat().st_mtime
             except OSError:

@@ -1,5 +1,7 @@
 """The run log and its events: one line where the user reads rocm-yolo, the same line with a time stamp in
-``rocm-yolo.log``, and, for events, a JSON line in ``rocm_yolo/events.jsonl`` that tests and ``status`` read.
+``rocm-yolo.log``, and, for events, a JSON line in ``rocm_yolo/events.jsonl`` that tests and ``status`` read. Both
+files are appended to without following a link, and rotate past about 10 MiB
+(:func:`rocm_yolo.run.atomic.append_log`: the older part in ``NAME.1``, which :func:`read_events` reads first).
 
 Where a line is shown is where the user's ``sys.stderr`` goes (:func:`stderr_sink`). On the process's own fd 2 (a
 terminal, a pipe, a file) that is an :class:`FdSink`, which never blocks its caller: a terminal whose output is
@@ -18,6 +20,7 @@ import codecs
 import errno
 import json
 import os
+import re
 import select
 import stat
 import sys
@@ -26,6 +29,8 @@ import time
 from contextvars import ContextVar
 from pathlib import Path
 
+from rocm_yolo.run.atomic import append_log, rotated
+
 PREFIX = "rocm-yolo:"
 
 
@@ -33,6 +38,22 @@ def foreign(text: str) -> str:
     """``text`` (a child's stderr) without rocm-yolo's own lines: what rocm-yolo said (its run header, a handled
     error it names) is never evidence of what failed the child."""
     return "".join(line for line in text.splitlines(keepends=True) if not line.lstrip("\r").startswith(PREFIX))
+
+
+# What reaches the terminal keeps newlines, tabs and carriage returns (progress bars redraw with \r), and of the
+# escape sequences only colours (SGR, ESC [ ... m) and erase-in-line (ESC [ K: Ultralytics' bar draws "\r\x1b[K"):
+# they change how the current line looks and nothing else. Every other control character goes, and with it every
+# other sequence: a title or clipboard write (OSC 52), a query whose answer the terminal types as input (DSR, DA),
+# a cursor moved to overwrite earlier lines, C1 controls (U+0080-U+009F). A file name or class name of a data set,
+# printed by Ultralytics or a child, then shows as text, never acts on the terminal.
+_CONTROLS = re.compile(rb"\x1b\[[0-9;]{0,32}[mK]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\xc2[\x80-\x9f]")
+_CONTROLS_TEXT = re.compile(r"\x1b\[[0-9;]{0,32}[mK]|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def printable(data: bytes | str) -> bytes | str:
+    """``data`` without the control characters a terminal would act on (see above): colours and erase-in-line kept."""
+    pattern, escape = (_CONTROLS, b"\x1b[") if isinstance(data, bytes) else (_CONTROLS_TEXT, "\x1b[")
+    return pattern.sub(lambda m: m.group() if m.group().startswith(escape) else data[:0], data)
 
 
 BOUND = 1 << 20  # what a terminal that takes no output is kept, at most: the newest 1 MiB
@@ -250,6 +271,7 @@ def stderr_sink(stream=None) -> FdSink | StreamSink:
 def show(text: str, stream=None) -> None:
     """``text`` where the user reads rocm-yolo (:func:`stderr_sink`), without blocking on a paused terminal."""
     sink = stderr_sink(stream)
+    text = printable(text)  # a path or a name of the user's data shows as text, never acts on the terminal
     sink.write(text if isinstance(sink, StreamSink) else text.encode("utf-8", "replace"))
 
 
@@ -271,8 +293,7 @@ class RunLog:
             return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(text)
+            append_log(path, text)  # never through a link; rotates past about 10 MiB (NAME.1)
         except OSError:
             pass
 
@@ -299,11 +320,14 @@ class RunLog:
 
 
 def read_events(path: str | os.PathLike) -> list[dict]:
+    """The events of ``path``, oldest first: those of its rotated older part (``events.jsonl.1``) too."""
     out = []
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return out
+    lines = []
+    for part in (rotated(path), Path(path)):
+        try:
+            lines += part.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            continue
     for line in lines:
         try:
             out.append(json.loads(line))

@@ -5,8 +5,10 @@ Production code calls one of these functions at each hook site. Each asks the pl
 returns at once when there are none, as pytest loads the plugins named in ``PYTEST_PLUGINS``.
 The plugin the tests and benchmarks name is :mod:`rocm_yolo.testing`: it sits above everything it
 injects into, and nothing in rocm-yolo imports it (the fork server, and so every DataLoader
-worker, never loads it unless asked). A plugin defines any of the functions below, with the
-same signature; the ones it lacks answer as when no plugin is loaded.
+worker, never loads it unless asked). Any other module named there is passed over unless
+``ROCM_YOLO_TEST_PLUGINS=1`` (:data:`rocm_yolo.environment.ANY_PLUGIN`; the tests and the benchmarks set it).
+A plugin defines any of the functions below, with the same signature; the ones it lacks answer as when no plugin
+is loaded.
 """
 
 from __future__ import annotations
@@ -18,10 +20,19 @@ from typing import Callable
 
 from rocm_yolo import environment
 
+TESTING = "rocm_yolo.testing"  # the plugin rocm-yolo ships for its tests and benchmarks
+
 
 def _plugins() -> list:
     names = [n.strip() for n in os.environ.get(environment.PLUGINS, "").split(",") if n.strip()]
-    return [importlib.import_module(name) for name in names]
+    return [importlib.import_module(name) for name in names if _allowed(name)]
+
+
+def _allowed(name: str) -> bool:
+    """``rocm_yolo.testing`` (and its modules); any other module only where a test asks for it
+    (``ROCM_YOLO_TEST_PLUGINS=1``): a variable that names a module would otherwise import whatever is on
+    ``sys.path`` under that name into the trainer and every DataLoader worker."""
+    return name == TESTING or name.startswith(TESTING + ".") or os.environ.get(environment.ANY_PLUGIN) == "1"
 
 
 def _answers(hook: str) -> list[Callable]:

@@ -11,7 +11,10 @@ the next one; :func:`mark_round_started` closes it to latecomers once its ranks 
 for good (an internal error, a broken environment, a verdict: no restart of its own) says so in the
 round (:class:`NodeStop`, :func:`record_stop`): the other nodes stop too, with its exit code, at their
 next restart or while they wait at the rendezvous, instead of waiting there for it until
-``--rdzv-timeout``. A user's start or resume opens a round without it.
+``--rdzv-timeout``. A user's start or resume opens a round without it. Where no one gave the rendezvous a port
+(no ``--rdzv-endpoint``, no ``MASTER_PORT``: a SLURM job, say), the run draws its own once, at random, and keeps it
+in ``round.json`` for every round (:attr:`Round.port`): a port derived from the job id alone would be anyone's
+to guess and take first.
 
 Each node's supervisor says it lives (:class:`SayAlive`: ``node-K/alive.json``, a count raised every
 few seconds); after a failed attempt, a node whose count stopped (:func:`lost_nodes`) is gone, and the
@@ -26,11 +29,12 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import random
 import threading
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Mapping
 
-from rocm_yolo.run.atomic import write_atomic
+from rocm_yolo.run.atomic import PRIVATE_FILE, open_no_link, private_dir, write_atomic
 from rocm_yolo.run.paths import RunPaths
 
 DEFAULT_RENDEZVOUS_TIMEOUT = 600.0  # seconds the nodes wait for each other at the rendezvous (--rdzv-timeout)
@@ -42,11 +46,21 @@ class Nodes:
 
     count: int  # how many nodes (--nnodes, SLURM_NNODES)
     node: int  # rocm-yolo's id of this node, 0..count-1 (--node-rank, SLURM_NODEID): its files are node-K/
-    endpoint: str  # HOST:PORT of torch's c10d rendezvous (--rdzv-endpoint; SLURM: first host, port from the job)
+    endpoint: str  # HOST:PORT of torch's c10d rendezvous (--rdzv-endpoint; SLURM: the first host, the run's port)
     timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT  # seconds to wait for the other nodes there (--rdzv-timeout)
     source: str = "flags"  # where the job came from, for the header: flags, SLURM
     round: int = 1  # the round of the rendezvous this attempt joins (:class:`Round`)
+    own_port: bool = False  # no port given (flags, MASTER_PORT): the run's own, drawn once (:attr:`Round.port`)
     minimum: int | None = None  # --nnodes MIN:MAX: the run goes on with at least MIN of its ``count`` nodes
+
+    @property
+    def host(self) -> bool:
+        """Whether this node hosts the rendezvous' store (node 0; the endpoint names its machine): the others only
+        connect, so a port someone else holds is an error, never a store of theirs."""
+        return self.node == 0
+
+    def at_port(self, port: int) -> "Nodes":
+        return replace(self, endpoint=f"{self.endpoint.rpartition(':')[0]}:{port}")
 
     @property
     def elastic(self) -> bool:
@@ -99,6 +113,16 @@ class Round:
     profile: str
     started: bool = False  # its ranks run: a node that comes later meets the others in the next round
     stopped: NodeStop | None = None  # a node stopped for good: no node meets the others again
+    port: int | None = None  # the run's own rendezvous port where no one gave one, the same in every round
+
+
+OWN_PORTS = range(15000, 30000)  # below Linux's ephemeral range (32768-60999)
+
+
+def draw_port() -> int:
+    """A rendezvous port of the run's own: drawn at random, kept in ``round.json`` (in the user's private folder),
+    so that no one can tell it from what is public about the job (SLURM's job id)."""
+    return random.SystemRandom().choice(OWN_PORTS)
 
 
 def read_round(paths: RunPaths) -> Round | None:
@@ -106,7 +130,8 @@ def read_round(paths: RunPaths) -> Round | None:
     try:
         data = json.loads(paths.round.read_text())
         stopped = NodeStop.from_dict(data["stopped"]) if data.get("stopped") else None
-        found = Round(int(data["number"]), str(data["profile"]), bool(data.get("started", False)), stopped)
+        port = int(data["port"]) if data.get("port") else None
+        found = Round(int(data["number"]), str(data["profile"]), bool(data.get("started", False)), stopped, port)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
     return found if found.number >= 1 else None
@@ -119,8 +144,8 @@ class _RoundLock:
         self.paths = paths
 
     def __enter__(self) -> "_RoundLock":
-        self.paths.state.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.paths.round_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        private_dir(self.paths.state)
+        self.fd = open_no_link(self.paths.round_lock, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX)
         except OSError:  # storage without locks (Lustre without -o flock): the writes are atomic all the same
@@ -131,11 +156,12 @@ class _RoundLock:
         os.close(self.fd)
 
 
-def join_round(paths: RunPaths, profile: str, after: int | None = None) -> Round:
+def join_round(paths: RunPaths, profile: str, after: int | None = None, own_port: bool = False) -> Round:
     """The round this node joins: the one the other nodes wait in (opened, not started, later than ``after``),
     else a new one after every round so far, on ``profile``. ``after``: the round this node's last attempt
     failed in (a watchdog restart), None for a first attempt or a user's resume. A watchdog restart after a node
-    stopped for good gets that round, ``stopped`` and all (the caller stops); a user's start opens a new one."""
+    stopped for good gets that round, ``stopped`` and all (the caller stops); a user's start opens a new one.
+    A new round keeps the run's port (:attr:`Round.port`); the first one draws it when ``own_port`` asks for one."""
     with _RoundLock(paths):
         found = read_round(paths)
         if found is not None and found.stopped is not None:
@@ -143,7 +169,8 @@ def join_round(paths: RunPaths, profile: str, after: int | None = None) -> Round
                 return found
         elif found is not None and not found.started and found.number > (after or 0):
             return found
-        opened = Round(max(found.number if found else 0, after or 0) + 1, profile)
+        port = found.port if found is not None and found.port else draw_port() if own_port else None
+        opened = Round(max(found.number if found else 0, after or 0) + 1, profile, port=port)
         write_atomic(paths.round, json.dumps(asdict(opened)))
         return opened
 

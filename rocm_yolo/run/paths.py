@@ -224,10 +224,6 @@ class RunPaths:
         """Where a fork server records itself: ``forkserver.json``, ``forkserver-rankN.json`` for a rank above 0."""
         return self.node_dir / ("forkserver.json" if not rank else f"forkserver-rank{rank}.json")
 
-    def forkserver_imports(self, rank: int | None = None) -> Path:
-        """The modules the fork server imports before it forks (:mod:`rocm_yolo.process.preimport`), one per line."""
-        return self.node_dir / ("forkserver-imports.txt" if not rank else f"forkserver-imports-rank{rank}.txt")
-
     @property
     def torchrun_log(self) -> Path:
         """A multi-GPU run's log of torch's launcher (its banner, warnings, the failure table of a rank)."""

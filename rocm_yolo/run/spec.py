@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from rocm_yolo.errors import UsageError
-from rocm_yolo.run.atomic import write_atomic
+from rocm_yolo.run.atomic import private_dirs, write_atomic
 from rocm_yolo.run.devices import Layout, Relayout, world_size
 from rocm_yolo.run.midepoch import DEFAULT_CHECKPOINT_INTERVAL
 from rocm_yolo.run.nodes import Nodes
@@ -91,7 +91,7 @@ class RunSpec:
     def save(self) -> Path:
         """Write ``spec-<attempt>.json`` into the run's state directory and return its path."""
         path = self.paths.spec(self.attempt)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dirs(self.paths.state, self.paths.node_dir)  # the user's alone: a spec sets the trainer's environment
         write_atomic(path, self.to_json())
         return path
 

@@ -14,7 +14,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
-from rocm_yolo.run.atomic import write_atomic
+from rocm_yolo.run.atomic import private_dirs, write_atomic
 from rocm_yolo.run.paths import RunPaths
 
 
@@ -224,7 +224,7 @@ def write_state(run: str | os.PathLike | RunPaths, state: SupervisorState) -> No
     """Write ``state`` as the run's (a run directory, or a node's :class:`RunPaths`); OSError when the disk refuses
     (the caller decides)."""
     paths = _paths(run)
-    paths.node_dir.mkdir(parents=True, exist_ok=True)
+    private_dirs(paths.state, paths.node_dir)
     write_atomic(paths.supervisor, json.dumps(state.to_dict()))
 
 

@@ -185,6 +185,7 @@ class Supervisor:
                     "leftover", f"processes still alive after SIGKILL (stuck in the kernel?): {left}", pids=left
                 )
             restart.remove_cut_writes(spec, self.log)  # no file of a checkpoint write the end of the tree cut short
+            restart.remove_leftovers(spec)  # the dead processes' stack files, a killed trainer's /tmp/pymp-*
         if end.state in (State.STALLED, State.CRASHED) and self._nodes_lost(spec):
             return State.REGROUP, end.info  # another node is gone: no failure of this node's to diagnose
         if end.state in (State.STALLED, State.CRASHED):

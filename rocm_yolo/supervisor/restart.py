@@ -12,9 +12,12 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
+from shlex import quote
 
+from rocm_yolo.environment import untrusted
 from rocm_yolo.errors import UsageError
 from rocm_yolo.process.lifecycle import alive
 from rocm_yolo.run import checkpoints
@@ -118,7 +121,7 @@ def _end_not_done(spec: RunSpec, log: RunLog, cut_short: bool) -> str | None:
     log.event(
         "end_not_done",
         f"the training process failed after the last epoch, in the end of training: {what}; validate with yolo val "
-        f"model={best} data={spec.data}",
+        f"{quote(f'model={best}')} {quote(f'data={spec.data}')}",
         unstripped=kept,
     )
     return f"the final validation {validation}"
@@ -141,7 +144,7 @@ def after_stop(spec: RunSpec, log: RunLog) -> str | None:
         best = paths.best if paths.best.exists() else paths.last
         log.info(
             f"every epoch was trained and the weights are final ({paths.last}, {paths.best}); the final validation "
-            f"was interrupted: validate with yolo val model={best} data={spec.data}"
+            f"was interrupted: validate with yolo val {quote(f'model={best}')} {quote(f'data={spec.data}')}"
         )
         return "the final validation was interrupted"
     if paths.last.exists() or paths.mid_checkpoints():
@@ -156,7 +159,7 @@ def resume_command(spec: RunSpec) -> str:
     if FROM_PYTHON.get():
         command, options = f"rocm_yolo.train(resume={str(spec.paths.last)!r})", "nnodes=, node_rank=, rdzv_endpoint="
     else:
-        command, options = f"rocm-yolo train --resume {spec.paths.last}", "node flags"
+        command, options = f"rocm-yolo train --resume {quote(str(spec.paths.last))}", "node flags"
     if spec.nodes is None:
         return command
     if spec.nodes.source == "flags":
@@ -179,6 +182,37 @@ def environment_error(spec: RunSpec) -> str | None:
 
 
 # --------------------------------------------------------------------------- writes cut short
+
+
+def remove_leftovers(spec: RunSpec) -> list[Path]:
+    """Once an attempt's tree is gone: what its processes left that no one reads any more, removed; the paths.
+
+    - the stack files of its dead processes (``stacks/trainer-PID.txt``, ``worker-PID.txt``: faulthandler's, empty
+      unless a hang was dumped, and then copied into ``hang-K-stacks.txt`` before the kill), and ``stacks/`` itself
+      when that empties it: it would gain a file for every process of every attempt;
+    - multiprocessing's temporary folder (``/tmp/pymp-*``, the fork server's socket) of a trainer or rank that was
+      killed before its own clean-up ran, as its ``mp_tempdir`` event names it (in the run's private folder): only
+      a ``pymp-`` folder of the user's own, not a link.
+    """
+    removed = []
+    stacks = spec.paths.stacks
+    for path in sorted(stacks.glob("*-*.txt")) if stacks.is_dir() else []:
+        pid = path.stem.rpartition("-")[2]
+        if path.stem.startswith(("trainer-", "worker-")) and pid.isdigit() and not alive(int(pid)):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    try:
+        stacks.rmdir()  # if empty
+    except OSError:
+        pass
+    for record in read_events(spec.paths.events):
+        path = Path(str(record.get("path", ""))) if record.get("event") == "mp_tempdir" else None
+        if path is None or alive(record.get("pid")) or not path.name.startswith("pymp-") or not path.is_dir():
+            continue
+        if untrusted(path) is None:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 def remove_cut_writes(spec: RunSpec, log: RunLog) -> list[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Protocol
 
@@ -151,7 +150,7 @@ class TrainerProcess:
         env[environment.HEARTBEAT_FD] = str(write_end)
         try:
             self.proc = tree.start(
-                [sys.executable, "-m", module, str(spec_path)], env=env, pass_fds=(write_end,), stderr=err_write
+                tree.python("-m", module, str(spec_path)), env=env, pass_fds=(write_end,), stderr=err_write
             )
         except BaseException:
             os.close(read_end)
@@ -161,6 +160,7 @@ class TrainerProcess:
             os.close(write_end)
             os.close(err_write)
         self.pid = self.proc.pid
+        self.tree = tree.Tree(self.proc)  # its number is a root only until the kill reaps it
         self.beats = PipeReader(read_end)
         self.stderr = Tee(err_read, _stderr_sink(), spec.paths.child_stderr(spec.attempt))
         self.ranks: dict[int, Heartbeat] = {}  # each rank's newest record
@@ -168,7 +168,7 @@ class TrainerProcess:
         self.rank_count = world_size(spec.train_args) if self.multi_gpu else 1
 
     def poll(self) -> int | None:
-        return self.proc.poll()
+        return self.tree.exited()  # not reaped: only the kill reaps it, after its last look at the session
 
     def heartbeats(self) -> list[Heartbeat]:
         """This child's heartbeats (on several GPUs, its ranks') since the last call, oldest first."""
@@ -178,10 +178,10 @@ class TrainerProcess:
         return beats
 
     def dump_stacks(self, out: Path) -> Path:
-        return tree.dump_stacks(self.pid, self.spec.paths.stacks, out)
+        return tree.dump_stacks(self.pid, self.spec.paths.stacks, out, procs=self.tree.members())
 
     def pids(self) -> list[int]:
-        return [p.pid for p in tree.members(self.pid)]
+        return [p.pid for p in self.tree.members()]
 
     def stderr_mark(self, at: float) -> int:
         return self.stderr.mark(at)
@@ -191,7 +191,7 @@ class TrainerProcess:
         return self.stderr.tail(since)
 
     def blocked_on_terminal(self) -> int | None:
-        return tree.blocked_on_terminal(self.pid)
+        return tree.blocked_on_terminal(self.tree.members())
 
     def threads(self) -> tuple[ThreadView, ...]:
         stacks = self.spec.paths.stacks
@@ -203,21 +203,17 @@ class TrainerProcess:
         return found or None  # not even the trainer's own files: nothing to judge movement by
 
     def kill(self) -> list[int]:
-        left = tree.kill(self.pid, self.config.term_timeout, self.config.kill_timeout)
-        try:
-            self.proc.wait(timeout=1)
-        except Exception:
-            pass
+        left = tree.kill(self.tree, self.config.term_timeout, self.config.kill_timeout)  # and reaps it
         self.beats.close()
         if self.multi_gpu and not left:  # a launcher killed in its cleanup leaves its FIFO: the tree is gone
             self.spec.paths.ranks_fifo.unlink(missing_ok=True)
         return left
 
     def pause(self) -> None:
-        tree.send(tree.members(self.pid), signal.SIGSTOP)
+        tree.send(self.tree.members(), signal.SIGSTOP)
 
     def unpause(self) -> None:
-        tree.send(tree.members(self.pid), signal.SIGCONT)
+        tree.send(self.tree.members(), signal.SIGCONT)
 
 
 def _stderr_sink():

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Mapping
 
 from rocm_yolo.environment import FAULT as ENV
+from rocm_yolo.run.atomic import append_log, write_atomic
 from rocm_yolo.run.devices import local_rank, rank
 from rocm_yolo.run.paths import RunPaths, node_from_environment
 
@@ -186,8 +187,7 @@ def claim(fault: Fault, paths: RunPaths) -> bool:
         fired = 0
     if fired != fault.nth:
         return False
-    with open(marker, "a") as f:
-        f.write(f"{fault.kind} at epoch {fault.epoch} batch {fault.batch}\n")
+    append_log(marker, f"{fault.kind} at epoch {fault.epoch} batch {fault.batch}\n")
     return True
 
 
@@ -402,7 +402,7 @@ class Injector:
                 sys.stderr.write(HANDLED_HIP_ERROR)
                 sys.stderr.flush()
             elif f.kind == "worker-hang":
-                self.trigger.write_text("hang\n")
+                write_atomic(self.trigger, "hang\n")
             elif f.kind == "main-hang":
                 block_forever()
             elif f.kind == "kill":

@@ -18,7 +18,6 @@ It imports nothing heavy at the top: torch comes in step 3.
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import signal
 import sys
@@ -60,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = RunSpec.load(argv[0])
     except Exception as e:  # the supervisor wrote it: anything wrong with it is a rocm-yolo bug
         return errors.report_internal(e)
-    from rocm_yolo.process.lifecycle import DUMP_SIGNAL, die_with_parent
+    from rocm_yolo.process.lifecycle import die_with_parent, dump_stacks_into
     from rocm_yolo.run import devices
     from rocm_yolo.run.events import RunLog
 
@@ -72,10 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     # no orphan if killed -9: a one-GPU child dies with the supervisor, a rank with torch's agent
     die_with_parent(_parent(rank))
     try:
-        paths.stacks.mkdir(parents=True, exist_ok=True)
-        stack_file = open(paths.trainer_stacks(os.getpid()), "a")  # open for the life of the process
-        faulthandler.register(DUMP_SIGNAL, file=stack_file, all_threads=True, chain=False)
-    except OSError as e:
+        dump_stacks_into(paths, paths.trainer_stacks(os.getpid()))
+    except (OSError, errors.UsageError) as e:
         return _setup_failure(spec, log, e)
     signal.signal(signal.SIGTERM, _on_sigterm)
     if rank is None:

@@ -48,7 +48,7 @@ def reporting(rank: int) -> Iterator[Callable[[int], int]]:
     fifo = os.environ.get(environment.HEARTBEAT_FIFO)
     if fifo:
         try:
-            fd = os.open(fifo, os.O_WRONLY)  # the launcher holds the read end open
+            fd = os.open(fifo, os.O_WRONLY | os.O_NOFOLLOW)  # the launcher holds the read end open
             os.environ[environment.HEARTBEAT_FD] = str(fd)  # the heartbeat writer's pipe
         except OSError:
             fd = None

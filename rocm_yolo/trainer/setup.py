@@ -8,6 +8,7 @@ Ultralytics are imported, before any patch is installed and before the GPU is to
 from __future__ import annotations
 
 import importlib
+import multiprocessing
 import os
 import sys
 from dataclasses import dataclass, field, replace
@@ -16,6 +17,7 @@ from rocm_yolo import errors
 from rocm_yolo.errors import SetupError
 from rocm_yolo.gpu import arch as gpu_arch
 from rocm_yolo.gpu import presets as gpu_presets
+from rocm_yolo.run.atomic import check_cache
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.profiles import LoaderSettings
 from rocm_yolo.run.spec import RunSpec
@@ -45,6 +47,7 @@ def prepare_environment(spec: RunSpec, environ=os.environ) -> Environment:
         if p.kind == "env":
             environ[p.key] = str(p.value)
             if p.key.startswith("MIOPEN_") and p.key.endswith(("_PATH", "_DIR")):
+                check_cache(str(p.value), "MIOpen's kernel database and cache")  # kernels run on the GPU
                 os.makedirs(str(p.value), exist_ok=True)
         elif p.kind == "tool" and p.key == "conv":
             env.conv = str(p.value)
@@ -99,6 +102,9 @@ def setup(spec: RunSpec, log: RunLog) -> Environment:
         why = forkserver.start(spec.run_dir)
         if why:
             log.event("forkserver_exec", why=why)  # a new interpreter instead, which imports torch again
+    tempdir = multiprocessing.process.current_process()._config.get("tempdir")  # multiprocessing's pymp-*
+    if tempdir:  # its own finalizer removes it at exit; after a SIGKILL the supervisor does (restart.remove_leftovers)
+        log.event("mp_tempdir", path=tempdir)
     from rocm_yolo.conv import patch as conv_patch
     from rocm_yolo.patches.loaders import dataloader as loader_patch
     from rocm_yolo.patches.loaders import threads as threads_patch

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from shlex import quote
 
 from rocm_yolo.run.checkpoints import read_inert
 from rocm_yolo.run.midepoch import has_position
@@ -69,6 +70,6 @@ def already_finished(run_dir: str | Path, epochs: object) -> str:
     """Why a resume of a run that trained all its epochs is refused, and what works instead."""
     return (
         f"the run in {run_dir} has already finished all {epochs} epochs: train it further with "
-        f"--resume {run_dir} --epochs N (N > {epochs}), or start a new run from its weights with "
-        f"--model {Path(run_dir) / 'weights' / 'last.pt'}"
+        f"--resume {quote(str(run_dir))} --epochs N (N > {epochs}), or start a new run from its weights with "
+        f"--model {quote(str(Path(run_dir) / 'weights' / 'last.pt'))}"
     )

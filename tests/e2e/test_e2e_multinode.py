@@ -251,13 +251,14 @@ def test_a_node_that_never_comes_back_ends_the_other_with_one_line_naming_it(cli
 @pytest.mark.multinode
 def test_slurms_variables_form_the_job_with_no_node_flags(cli, data32, tmp_path):
     run = tmp_path / "runs" / "mn"
-    port = free_port()
-    nodes = TwoNodes(cli, run, port)
-    slurm = {"SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "127.0.0.[1-2]", "SLURM_JOB_ID": str(port - 15000 + 45000)}
+    nodes = TwoNodes(cli, run, 0)
+    slurm = {"SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "127.0.0.[1-2]", "SLURM_JOB_ID": "12345"}
     env = {k: {**slurm, "SLURM_NODEID": str(k)} for k in (0, 1)}
     procs = nodes.train(data32, "--epochs", "2", "--workers", "0", env=env, flags=False)
     assert nodes.wait(procs, 300) == [0, 0], nodes.out(0)[-3000:] + nodes.out(1)[-3000:]
     assert epochs_in(run) == [1, 2] and cli.leftovers() == []
+    port = read_round(RunPaths(run, 0)).port  # the run's own, drawn when the nodes first met: not the job id's
+    assert port is not None
     for k in (0, 1):
         found = latest_spec(run, k).nodes
         assert (found.count, found.node, found.endpoint, found.source) == (2, k, f"127.0.0.1:{port}", "SLURM")
@@ -323,3 +324,28 @@ def test_with_nnodes_1_2_a_node_that_comes_back_joins_at_the_next_round_and_the_
     last = heartbeat.read(nodes.paths(0).heartbeat)
     assert last.world == 4 and last.attempt == rejoins[-1]["attempt"]  # the four ranks again, in round 3
     assert "done:" in nodes.out(1) and "done:" in nodes.out(0)
+
+
+@pytest.mark.multinode
+def test_a_rendezvous_port_another_process_holds_stops_the_host_node_in_one_line_and_the_other_with_it(
+    cli, data32, tmp_path
+):
+    """Someone listens on the endpoint's port first (a store of theirs, whose contents every agent would unpickle):
+    node 0, which hosts the rendezvous (is_host=1), says so in one line and stops (a setup error, never retried);
+    node 1 stops with it instead of waiting out --rdzv-timeout (issue 45)."""
+    run = tmp_path / "runs" / "mn"
+    stranger = socket.socket()
+    stranger.bind(("127.0.0.1", 0))
+    stranger.listen()
+    port = stranger.getsockname()[1]
+    try:
+        nodes = TwoNodes(cli, run, port, timeout=120)
+        procs = nodes.train(data32, *WATCH, "--epochs", "1")
+        codes = nodes.wait(procs, 240)
+    finally:
+        stranger.close()
+    assert codes == [errors.SETUP, errors.SETUP], nodes.out(0)[-3000:] + nodes.out(1)[-3000:]
+    [line] = [x for x in nodes.out(0).splitlines() if f"port {port} is taken" in x]
+    assert line.startswith("rocm-yolo: ") and "another process listens on it" in line
+    assert "Traceback" not in nodes.out(0) + nodes.out(1) and cli.leftovers() == []
+    assert not (run / "weights").exists() or not list((run / "weights").iterdir())  # no rank trained

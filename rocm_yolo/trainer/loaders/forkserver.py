@@ -64,6 +64,7 @@ SINGLE_THREADED = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 # A new interpreter's Python handlers, where the trainer's own give way to SIG_DFL otherwise.
 FRESH_HANDLERS = {signal.SIGINT: signal.default_int_handler}
 FORKED = False  # True in a server forked from the trainer (its record says how it started)
+_NAMES_FD: int | None = None  # the read end of the pipe of module names, which the server gets
 
 
 def start(run_dir: str | os.PathLike) -> str | None:
@@ -77,13 +78,10 @@ def start(run_dir: str | os.PathLike) -> str | None:
     """
     os.environ[environment.TRAINER_PID] = str(os.getpid())  # the server dies with it
     os.environ[environment.RUN_DIR] = str(run_dir)  # where the server records itself
-    imports = RunPaths(run_dir).forkserver_imports(rank())  # the datasets' modules, imported once by the server
-    try:
-        imports.parent.mkdir(parents=True, exist_ok=True)
-        imports.write_text("")
-        preimport.reset()
-        os.environ[environment.FORKSERVER_IMPORTS] = str(imports)
+    try:  # the datasets' modules, named by this process over a pipe, imported once by the server
+        os.environ[environment.FORKSERVER_IMPORTS] = str(_pass_to_server(preimport.channel()))
     except OSError:
+        preimport.close()
         os.environ.pop(environment.FORKSERVER_IMPORTS, None)  # every worker then imports them itself
     why = import_worker_modules() or fork_refused()
     multiprocessing.get_context("forkserver").set_forkserver_preload([PRELOAD])
@@ -107,6 +105,24 @@ def start(run_dir: str | os.PathLike) -> str | None:
             else:
                 os.environ[key] = value
     return why
+
+
+def _pass_to_server(read_end: int) -> int:
+    """The server gets ``read_end`` (the pipe of module names) at the same number, however it starts: forked (kept by
+    :func:`_as_fresh`) or a new interpreter (``util.spawnv_passfds`` passes it with the server's own descriptors,
+    also to a server multiprocessing starts again later). Returns it."""
+    global _NAMES_FD
+    _NAMES_FD = read_end
+    spawn = multiprocessing.util.spawnv_passfds
+    if not getattr(spawn, "__rocm_yolo_patch__", False):
+
+        def spawnv_passfds(path, args, passfds):
+            server = any("forkserver" in str(a) for a in args) and _NAMES_FD is not None
+            return spawn(path, args, (*passfds, _NAMES_FD) if server else passfds)
+
+        spawnv_passfds.__rocm_yolo_patch__ = True
+        multiprocessing.util.spawnv_passfds = spawnv_passfds
+    return read_end
 
 
 def fork_refused() -> str | None:
@@ -168,7 +184,7 @@ def _fork_passfds(path: str, args: list[str], passfds) -> int:
         return pid
     status = 1
     try:
-        _as_fresh({*passfds, *_tracker_fd()})
+        _as_fresh({*passfds, *_tracker_fd(), *([_NAMES_FD] if _NAMES_FD is not None else [])})
         exec(code, {"__name__": "__mp_forkserver__"})
         status = 0
     except SystemExit as e:  # the server's end: the trainer closed the alive pipe

@@ -14,6 +14,7 @@ import time
 from rocm_yolo import environment
 from rocm_yolo.process import preimport
 from rocm_yolo.process.lifecycle import die_with_parent
+from rocm_yolo.run.atomic import private_dirs, write_atomic
 from rocm_yolo.run.devices import rank
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.trainer.loaders import forkserver
@@ -59,10 +60,10 @@ def _preload() -> None:
             "preload_error": error,
         }
         try:
-            path = RunPaths(run_dir).forkserver(rank())  # each rank of a multi-GPU run has its own server
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(record))
-        except OSError:
+            paths = RunPaths(run_dir)
+            private_dirs(paths.state, paths.node_dir)
+            write_atomic(paths.forkserver(rank()), json.dumps(record))  # each rank's server its own; never via a link
+        except (OSError, ValueError):  # ValueError: rocm_yolo.errors.UsageError, a folder not the user's
             pass
 
 
@@ -73,7 +74,7 @@ def _import_before_fork() -> None:
     process only, that name imports the new wanted modules first, so each worker inherits them.
     """
     fork = os.fork
-    if getattr(fork, "__rocm_yolo_patch__", False) or preimport.path() is None:
+    if getattr(fork, "__rocm_yolo_patch__", False) or preimport.source() is None:
         return
 
     def fork_after_imports() -> int:

@@ -8,6 +8,7 @@ scan of a large set is the doctor's job (:mod:`rocm_yolo.doctor.data_checks`), w
 from __future__ import annotations
 
 from pathlib import Path
+from shlex import quote
 
 from rocm_yolo.ultralytics_rules.data.classify import first_images, load_classify_spec
 from rocm_yolo.ultralytics_rules.data.datasets import DataError, label_path, load_spec, sample_images, symlink_loops
@@ -56,7 +57,7 @@ def check_for_training(data: Path, task: str) -> list[str]:
             notes.append(
                 f"data: {len(problems)} of the first {len(labelled)} {split} label files have problems "
                 f"Ultralytics skips the image for, e.g. {problems[0][1]} "
-                f"('rocm-yolo doctor {data} --task {task}' checks every file)"
+                f"('rocm-yolo doctor {quote(str(data))} --task {task}' checks every file)"
             )
         if files and not labelled and split == "train":
             notes.append(
@@ -109,6 +110,6 @@ def _check_classify(path: Path) -> list[str]:
     if problems:
         notes.append(
             f"data: {len(problems)} of {len(sample)} images checked do not decode (Ultralytics skips them), "
-            f"e.g. {problems[0][1]} ('rocm-yolo doctor {path}' checks every image)"
+            f"e.g. {problems[0][1]} ('rocm-yolo doctor {quote(str(path))}' checks every image)"
         )
     return notes

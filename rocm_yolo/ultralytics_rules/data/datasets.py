@@ -19,6 +19,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Iterator
 
+from rocm_yolo.run.atomic import untrusted
+
 # Ultralytics' ultralytics.data.utils.IMG_FORMATS (8.4), copied: importing it imports torch.
 IMG_FORMATS = {"avif", "bmp", "dng", "heic", "heif", "jp2", "jpeg", "jpg", "mpo", "png", "tif", "tiff", "webp"}
 ARCHIVES = (".zip", ".tar", ".gz", ".tgz", ".xz", ".bz2", ".txz", ".tbz2")  # check_cls_dataset unpacks these
@@ -59,31 +61,54 @@ class DataSpec:
     channels: int = 3
 
 
-def settings_files(env=os.environ) -> list[Path]:
-    """Where Ultralytics keeps ``settings.json`` on Linux, in its order (``get_user_config_dir``).
+SHARED_FALLBACK = Path("/tmp") / "Ultralytics"  # older Ultralytics' fallback: any user can make it first
 
-    ``$YOLO_CONFIG_DIR/Ultralytics``, else ``$XDG_CONFIG_HOME/Ultralytics``, else
-    ``~/.config/Ultralytics``; where that cannot be created, ``$TMPDIR/Ultralytics-UID`` (8.4.190)
-    or ``/tmp/Ultralytics`` (8.4.158).
+
+def settings_file(env=os.environ) -> Path | None:
+    """The ``settings.json`` Ultralytics uses on Linux (``get_user_config_dir``), or None.
+
+    ``$YOLO_CONFIG_DIR/Ultralytics``, else ``$XDG_CONFIG_HOME/Ultralytics``, else ``~/.config/Ultralytics``,
+    whenever that folder is there or can be made. Only where it cannot does Ultralytics fall back to
+    ``$TMPDIR/Ultralytics-UID`` (8.4.190: only its user's own 0700 folder) or ``/tmp/Ultralytics`` (8.4.158, any
+    user's): such a fallback is read only when the folder and the file are the user's own and not links, so that no
+    one else chooses the ``datasets_dir`` a run resolves its data against.
     """
     if env.get("YOLO_CONFIG_DIR"):
         first = Path(env["YOLO_CONFIG_DIR"]).expanduser() / "Ultralytics"
     else:
         first = Path(env.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "Ultralytics"
-    fallbacks = [Path(tempfile.gettempdir()) / f"Ultralytics-{os.getuid()}", Path("/tmp") / "Ultralytics"]
-    return [base / "settings.json" for base in (first, *fallbacks)]
+    if _can_be_made(first):
+        return first / "settings.json"
+    for base in (Path(tempfile.gettempdir()) / f"Ultralytics-{os.getuid()}", SHARED_FALLBACK):
+        file = base / "settings.json"
+        if file.is_file() and untrusted(base) is None and untrusted(file) is None:
+            return file
+    return None
+
+
+def _can_be_made(folder: Path) -> bool:
+    """Whether ``folder`` is there, or ``mkdir(parents=True)`` would make it (its nearest ancestor is writable)."""
+    if folder.is_dir():
+        return True
+    for parent in folder.parents:
+        if parent.exists():
+            return parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
+    return False
+
+
+def setting(key: str, env=os.environ):
+    """Ultralytics' setting ``key``, read from its settings file without importing it; None without one."""
+    path = settings_file(env)
+    try:
+        return json.loads(path.read_text())[key] if path is not None else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def datasets_dir(env=os.environ) -> Path | None:
     """Ultralytics' ``datasets_dir`` setting, read from its settings file without importing it."""
-    for path in settings_files(env):
-        try:
-            return Path(json.loads(path.read_text())["datasets_dir"])
-        except FileNotFoundError:
-            continue
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-    return None
+    found = setting("datasets_dir", env)
+    return Path(found) if found else None
 
 
 def load_spec(yaml_path: Path) -> DataSpec:

@@ -48,22 +48,25 @@ def quiet() -> RunLog:
     return RunLog(stream=open(os.devnull, "w"))
 
 
-def test_each_node_starts_torchs_launcher_on_the_c10d_rendezvous_of_its_round(tmp_path):
+def test_each_node_starts_torchs_launcher_on_the_c10d_rendezvous_of_its_round(tmp_path, monkeypatch):
     clock = Clock()
     rdzv = NodeRendezvous(node_spec(tmp_path), quiet(), clock=clock)
+    monkeypatch.setattr(rendezvous, "port_holder", lambda port: None)  # node 0 finds head:29400 free
     cmd = rdzv.command("spec.json", 2, "torchrun.log")
-    flags = dict(zip(cmd[4::2], cmd[5::2]))
-    assert cmd[2:4] == ["rocm_yolo.ddp.torchrun", "torchrun.log"] and cmd[-3:] == [
+    flags = dict(zip(cmd[5::2], cmd[6::2]))
+    assert cmd[1:5] == ["-P", "-m", "rocm_yolo.ddp.torchrun", "torchrun.log"] and cmd[-3:] == [
         "-m",
         "rocm_yolo.trainer",
         "spec.json",
     ]
     assert flags["--nnodes"] == "3" and flags["--nproc_per_node"] == "2" and flags["--rdzv-backend"] == "c10d"
     assert flags["--rdzv-endpoint"] == "head:29400" and flags["--rdzv-id"] == "rocm-yolo-round-2"
-    assert flags["--rdzv-conf"] == "join_timeout=100" and flags["--max-restarts"] == "0"
+    assert flags["--rdzv-conf"] == "join_timeout=100,is_host=1" and flags["--max-restarts"] == "0"  # node 0 hosts
     assert "--node-rank" not in cmd and "--master_port" not in cmd  # c10d assigns the group ranks
     clock.now += 70.5  # a second try waits only for what is left of --rdzv-timeout
-    assert "join_timeout=30" in rdzv.command("spec.json", 2, "torchrun.log")
+    assert "join_timeout=30,is_host=1" in rdzv.command("spec.json", 2, "torchrun.log")
+    other = NodeRendezvous(node_spec(tmp_path, node=1), quiet(), clock=clock).command("spec.json", 2, "t.log")
+    assert "join_timeout=100,is_host=0" in other  # the other nodes only connect: never a store of their own
 
 
 def test_a_rendezvous_that_fails_before_any_rank_runs_is_tried_again_while_time_is_left(tmp_path, monkeypatch):
@@ -232,7 +235,7 @@ def test_min_max_nodes_go_on_after_the_last_call_and_a_node_in_a_later_round_mak
     clock = Clock()
     rdzv = NodeRendezvous(spec, quiet(), clock=clock)
     flags = dict(zip(*[iter(rdzv.command("spec.json", 2, "torchrun.log")[4:-3])] * 2))
-    assert flags["--nnodes"] == "1:3" and flags["--rdzv-conf"] == "join_timeout=200,last_call_timeout=100"
+    assert flags["--nnodes"] == "1:3" and flags["--rdzv-conf"] == "join_timeout=200,is_host=1,last_call_timeout=100"
     join_round(spec.paths, "fast", after=1)
     mark_round_started(spec.paths, 2)
     agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -265,3 +268,33 @@ def test_a_node_whose_supervisor_stopped_counting_is_gone_and_one_that_counts_is
         say_alive(paths.for_node(1), next(ticks))
 
     assert lost_nodes(paths, spec.nodes, clock, sleep_while_node_1_counts, wait=15.0) == [2]
+
+
+def test_a_rendezvous_port_someone_else_listens_on_stops_the_host_node_in_one_line(tmp_path):
+    """Another process listens on the endpoint's port (here on 127.0.0.1 only, as a stranger's store might): node 0,
+    which hosts the store, refuses in one line before torch's agent could become a client of theirs."""
+    import socket
+
+    stranger = socket.socket()
+    stranger.bind(("127.0.0.1", 0))
+    stranger.listen()
+    port = stranger.getsockname()[1]
+    try:
+        spec = node_spec(tmp_path)
+        spec = spec.with_changes(nodes=spec.nodes.at_port(port))
+        with pytest.raises(errors.SetupError) as refused:
+            NodeRendezvous(spec, quiet()).command("spec.json", 2, "torchrun.log")
+        line = str(refused.value)
+        assert "\n" not in line and f"port {port} is taken" in line and "--rdzv-endpoint" in line
+        other = spec.with_changes(nodes=Nodes(3, 1, f"head:{port}", 100.0))
+        assert "is_host=0" in " ".join(NodeRendezvous(other, quiet()).command("spec.json", 2, "t.log"))
+    finally:
+        stranger.close()
+    assert rendezvous.port_holder(port) is None  # free again: node 0 hosts
+
+
+def test_on_one_machine_the_ranks_collectives_use_the_loopback_interface_unless_the_user_named_one():
+    lo = launcher.loopback_interface()
+    assert lo and launcher.loopback_only({}) == {"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo}
+    assert launcher.loopback_only({"NCCL_SOCKET_IFNAME": "eth0"}) == {}  # what the user says wins, for both
+    assert launcher.loopback_only({"GLOO_SOCKET_IFNAME": "ib0"}) == {}

@@ -413,3 +413,20 @@ def test_one_failure_with_other_pids_addresses_paths_times_and_workers_has_one_s
     assert normalized(said(pid, address, tmp, worker, stamp, step)) == base
     other = normalized(said(1234, 0xDEAD, "abcd", 0, stamp, 7).replace("ValueError", "KeyError"))
     assert other != base  # two exception types: two failures
+
+
+def test_a_crash_report_counts_other_processes_kernel_lines_and_is_0640(tmp_path):
+    """Another user's processes are named in the kernel's lines (``for process Xorg pid 901``): the report, which
+    the user's group may read, says how many there were, never what they say (issue 45)."""
+    import os
+    import stat
+
+    from rocm_yolo.diagnosis.evidence import write_report
+    from rocm_yolo.diagnosis.record import Diagnosis, Evidence
+
+    xorg = "amdgpu 0000:03:00.0: amdgpu: [gfxhub] page fault (src_id:0 ring:24 vmid:6, for process Xorg pid 901"
+    found = Evidence("crash", exit_code=-6, kernel_others=(xorg, "Out of memory: Killed process 77 (chrome)"))
+    path = write_report(tmp_path / "crash-1.txt", Diagnosis("unknown", "a crash", ""), found, "epoch 1")
+    text = path.read_text()
+    assert "kernel lines of other processes or cards (never this run's): 2" in text
+    assert "Xorg" not in text and "chrome" not in text and stat.S_IMODE(os.stat(path).st_mode) == 0o640

@@ -1,4 +1,4 @@
-"""More than one machine: the job from the node flags or a scheduler's variables, SLURM's host lists and its port."""
+"""More than one machine: the job from the node flags or a scheduler's variables, SLURM's host lists, the run's port."""
 
 from __future__ import annotations
 
@@ -36,11 +36,24 @@ def test_a_host_list_that_cannot_be_read_is_refused(nodelist):
         schedulers.expand_nodelist(nodelist)
 
 
-def test_the_port_of_a_slurm_job_is_the_same_on_every_node_and_below_the_ephemeral_range():
-    assert schedulers.slurm_port("1234567") == schedulers.slurm_port(1234567) == 15000 + 1234567 % 15000
-    assert schedulers.slurm_port("1234_7") == schedulers.slurm_port("12347")  # an array job's id
-    ports = {schedulers.slurm_port(job) for job in range(0, 200000, 7)}
-    assert min(ports) >= 15000 and max(ports) < 30000 and len(ports) > 10000
+def test_the_port_of_a_slurm_job_is_the_runs_own_drawn_once_and_the_same_on_every_node(tmp_path):
+    """No port given: the job id (public: squeue) says nothing of it. The first node to join draws it, below the
+    ephemeral range; every node, and every later round, gets the same one from the run's private round.json."""
+    from rocm_yolo.run.nodes import OWN_PORTS, join_round, read_round
+    from rocm_yolo.run.paths import RunPaths
+
+    env = {"SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "987654"}
+    nodes = cluster.resolve(env=env)
+    assert nodes.own_port and nodes.endpoint == f"n1:{cluster.DEFAULT_PORT}"  # until the nodes meet
+    paths = RunPaths(tmp_path, 0)
+    first = join_round(paths, "fast", own_port=nodes.own_port)
+    assert first.port in OWN_PORTS and join_round(paths.for_node(1), "fast", own_port=True).port == first.port
+    assert join_round(paths, "safe", after=1).port == first.port == read_round(paths).port  # a restart's round too
+    assert (tmp_path / "rocm_yolo").stat().st_mode & 0o777 == 0o700  # round.json is the user's alone
+    ports = {join_round(RunPaths(tmp_path / str(k), 0), "fast", own_port=True).port for k in range(20)}
+    assert len(ports) > 1  # drawn, not derived: runs of the same job id get different ones
+    flagged = cluster.resolve(env={**env, "MASTER_PORT": "23456"})
+    assert not flagged.own_port and flagged.endpoint == "n1:23456"  # a port given is kept
 
 
 def test_node_flags_form_the_job():
@@ -55,13 +68,13 @@ def test_node_flags_form_the_job():
 def test_slurm_forms_the_same_job_with_no_node_flags():
     env = {"SLURM_NNODES": "4", "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "gpu[07-10]", "SLURM_JOB_ID": "987654"}
     nodes = cluster.resolve(env=env)
-    assert (nodes.count, nodes.node, nodes.source) == (4, 2, "SLURM")
-    assert nodes.endpoint == f"gpu07:{schedulers.slurm_port('987654')}" and nodes.timeout == DEFAULT_RENDEZVOUS_TIMEOUT
+    assert (nodes.count, nodes.node, nodes.source, nodes.own_port) == (4, 2, "SLURM", True)
+    assert nodes.endpoint.startswith("gpu07:") and nodes.timeout == DEFAULT_RENDEZVOUS_TIMEOUT
     older = {"SLURM_NNODES": "2", "SLURM_NODEID": "0", "SLURM_NODELIST": "a[1,3]", "SLURM_JOBID": "5"}
-    assert cluster.resolve(env=older).endpoint == "a1:15005"
+    assert cluster.resolve(env=older).endpoint.startswith("a1:")
     # MASTER_ADDR and MASTER_PORT win when set, and a flag wins over everything
     assert cluster.resolve(env={**env, "MASTER_ADDR": "head", "MASTER_PORT": "23456"}).endpoint == "head:23456"
-    assert cluster.resolve(env={**env, "MASTER_ADDR": "head"}).endpoint == f"head:{schedulers.slurm_port('987654')}"
+    assert cluster.resolve(env={**env, "MASTER_ADDR": "head"}).endpoint.startswith("head:")
     assert cluster.resolve(None, 3, "x:1", "30s", env=env) == Nodes(4, 3, "x:1", 30.0, "SLURM")
     assert cluster.resolve(env={**env, "SLURM_NNODES": "1"}) is None  # a job of one node
     assert cluster.resolve(1, env=env) is None  # --nnodes 1: this machine alone, inside a bigger allocation
@@ -80,13 +93,11 @@ def test_another_scheduler_is_one_more_backend_with_its_own_variables(monkeypatc
         def first_host(self, env):
             return "head"
 
-        def port(self, env):
-            return 4242
-
     monkeypatch.setattr(cluster, "SCHEDULERS", (Pbs(), *schedulers.SCHEDULERS))
-    assert cluster.resolve(env={"PBS_NNODES": "2"}) == Nodes(2, 1, "head:4242", DEFAULT_RENDEZVOUS_TIMEOUT, "PBS")
+    found = cluster.resolve(env={"PBS_NNODES": "2"})
+    assert found == Nodes(2, 1, f"head:{cluster.DEFAULT_PORT}", DEFAULT_RENDEZVOUS_TIMEOUT, "PBS", own_port=True)
     assert cluster.resolve(env={}) is None  # its variables say no job: one machine
-    assert cluster.resolve(2, 0, env={}).endpoint == "head:4242"  # the flags first, then the scheduler's endpoint
+    assert cluster.resolve(2, 0, env={}).endpoint.startswith("head:")  # the flags first, then the scheduler's host
 
 
 @pytest.mark.parametrize(

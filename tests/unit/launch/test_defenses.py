@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 import rocm_yolo
-from helpers import fake_checkpoint, prepare
+from helpers import as_stranger, fake_checkpoint, prepare
 from rocm_yolo.errors import UsageError
 from rocm_yolo.launch import ownership
+from rocm_yolo.run import checkpoints
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.supervisor.config import WatchdogConfig
 
@@ -226,3 +227,63 @@ def test_a_plain_zip_is_no_checkpoint_to_resume(tmp_path):
         z.writestr("notes.txt", "hello")
     with pytest.raises(UsageError, match="no data.pkl"):
         prepare(resume=str(last))
+
+
+# --------------------------------------------------------------------------- what another user plants (issue 45)
+
+
+def test_a_lock_planted_as_a_link_is_refused_and_its_target_untouched(tiny_data, tmp_path):
+    """Training into a folder someone else prepared (exist_ok=True) once wrote the supervisor's pid through a
+    ``lock`` link, over the file it named."""
+    victim = tmp_path / "victim"
+    victim.write_text("the user's file")
+    run = tmp_path / "p" / "work"
+    RunPaths(run).state.mkdir(parents=True)
+    RunPaths(run).lock.symlink_to(victim)
+    with pytest.raises(UsageError) as refused:
+        prepare(str(tiny_data), project=str(tmp_path / "p"), name="work", **{"exist_ok": True})
+    assert "symbolic link" in str(refused.value) and "\n" not in str(refused.value)
+    assert victim.read_text() == "the user's file" and not ownership.held(run)
+
+
+@pytest.mark.parametrize("planted", ["run", "state"])
+def test_a_run_or_state_folder_that_is_a_link_is_refused_and_nothing_written_where_it_points(
+    tiny_data, tmp_path, planted
+):
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "rocm_yolo").mkdir(parents=True)
+    run = tmp_path / "p" / "work"
+    run.parent.mkdir()
+    if planted == "run":
+        run.symlink_to(elsewhere)
+    else:
+        run.mkdir()
+        RunPaths(run).state.symlink_to(elsewhere / "rocm_yolo")
+    with pytest.raises(UsageError, match="is a symbolic link"):
+        prepare(str(tiny_data), project=str(tmp_path / "p"), name="work", **{"exist_ok": True})
+    assert list((elsewhere / "rocm_yolo").iterdir()) == []
+
+
+def test_another_users_run_folder_is_refused(tiny_data, tmp_path):
+    run = tmp_path / "p" / "work"
+    RunPaths(run).state.mkdir(parents=True)
+    as_stranger(run, RunPaths(run).state)
+    with pytest.raises(UsageError, match="belongs to another user"):
+        prepare(str(tiny_data), project=str(tmp_path / "p"), name="work", **{"exist_ok": True})
+    assert list(RunPaths(run).state.iterdir()) == []
+
+
+def test_a_bare_resume_and_a_restart_look_only_at_the_users_own_checkpoints(tmp_path):
+    """Another user's run under a shared project, newer than the user's own: a bare --resume passes it over, and no
+    checkpoint of theirs (nor a link to one) is ever resumed from: Ultralytics unpickles it whole."""
+    project = tmp_path / "runs"
+    mine = checkpoint(project / "mine" / "weights" / "last.pt", 0)
+    os.utime(mine, (1, 1))
+    theirs = checkpoint(project / "theirs" / "weights" / "last.pt", 1)
+    as_stranger(theirs.parent.parent, theirs.parent, theirs)
+    assert checkpoints.find_latest(project) == mine
+    assert "another user" in checkpoints.verify(theirs)
+    linked = project / "mine" / "weights" / "ep1-ba9.pt"  # a mid-epoch name, newer than last.pt: a restart's pick
+    linked.symlink_to(theirs)
+    assert "symbolic link" in checkpoints.verify(linked)
+    assert checkpoints.plan_resume_point(mine).path == mine

@@ -127,7 +127,30 @@ def test_the_fork_server_imports_a_datasets_module_once_not_in_every_worker(trai
     # this process, the server's trial import in a fork of itself, then the server: none of the 6 workers
     assert len(importers) == 3 and importers[0] == os.getpid() and importers[2] == server, importers
     assert not workers & set(importers) and len(workers) >= 6
-    assert "loader_heavy_import" in RunPaths(trainer).forkserver_imports().read_text()
+    # the names came from this process over a pipe: no file in the run's folder says what the server imports
+    assert not [p for p in RunPaths(trainer).node_dir.iterdir() if "import" in p.name]
+
+
+def test_a_module_list_planted_in_the_runs_folder_is_never_imported_by_the_fork_server(trainer, tmp_path):
+    """What rocm-yolo once read from RUN/rocm_yolo/forkserver-imports.txt (a module and a sys.path for it), planted
+    by a stranger: the server takes its names from the trainer's pipe alone, so the stranger's module never runs in
+    it nor in any worker."""
+    stranger = tmp_path / "elsewhere"
+    stranger.mkdir()
+    marker = tmp_path / "ran"
+    (stranger / "strangers_module.py").write_text(f"open({str(marker)!r}, 'a').write('ran')\n")
+    line = json.dumps({"module": "strangers_module", "sys_path": [str(stranger)]}) + "\n"
+    paths = RunPaths(trainer)
+    for planted in (paths.node_dir / "forkserver-imports.txt", paths.node_dir / "forkserver-imports-rank1.txt"):
+        with open(planted, "a") as f:  # added after what the trainer named so far, as a stranger would
+            f.write(line)
+    try:
+        loader = DataLoader(loader_cases.Offset(), batch_size=2, num_workers=2)
+        assert len(list(loader)) > 0  # the server forked its workers, looking for new names before each fork
+        assert not marker.exists()
+    finally:
+        for planted in paths.node_dir.glob("forkserver-imports*"):
+            planted.unlink()
 
 
 SCRIPT = """

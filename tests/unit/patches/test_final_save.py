@@ -58,3 +58,25 @@ def test_a_file_that_is_no_checkpoint_is_left_alone(tmp_path):
     finally:
         final_save.uninstall()
     assert odd.read_bytes() == b"not a checkpoint" and sorted(p.name for p in odd.parent.iterdir()) == ["best.pt"]
+
+
+def test_a_link_planted_where_the_rewrite_goes_is_removed_not_written_through(tmp_path):
+    """weights/ follows the user's umask (group-writable under 002): a link planted under the temporary's name (the
+    writer's pid is no secret) would have taken torch.save's bytes (issue 45)."""
+    import ultralytics.engine.trainer as trainer
+
+    from rocm_yolo.run.atomic import temporary
+
+    victim = tmp_path / "victim"
+    victim.write_text("the user's file")
+    best = tmp_path / "weights/best.pt"
+    best.parent.mkdir()
+    _checkpoint(best)
+    temporary(best).symlink_to(victim)
+    final_save.install(tmp_path)
+    try:
+        trainer.strip_optimizer(best)
+    finally:
+        final_save.uninstall()
+    assert victim.read_text() == "the user's file" and torch.load(best, weights_only=False)["optimizer"] is None
+    assert sorted(p.name for p in best.parent.iterdir()) == ["best.pt"]

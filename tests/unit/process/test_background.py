@@ -151,3 +151,31 @@ def test_a_paused_terminal_keeps_neither_the_tee_nor_the_child_waiting_and_gets_
     assert shown == expected
     os.close(slave)
     os.close(master)
+
+
+def test_what_a_child_writes_reaches_the_terminal_without_control_sequences_and_a_line_that_never_ends_is_bounded():
+    """Colours and Ultralytics' "\\r\\x1b[K" progress bars pass; a clipboard write (OSC 52), a terminal query whose
+    answer the terminal would type as input (DSR), a bell, a C1 control, are gone; a partial line is held at most
+    PARTIAL bytes (issue 45)."""
+    from rocm_yolo.process import tee as tee_module
+
+    read_end, write_end = os.pipe()
+    out_r, out_w = os.pipe()
+    tee = Tee(read_end, out_w, None)
+    bar = b"\r\x1b[K  1/3  \x1b[34m\x1b[1mtrain:\x1b[0m 50%\n"
+    os.write(write_end, bar + b"class \x1b]52;c;cm0gLXJmIH4=\x07evil\x1b[6n \xc2\x9b31m \xc3\xa9t\xc3\xa9\tok\n")
+    shown = b""
+    while shown.count(b"\n") < 2:
+        shown += os.read(out_r, 4096)
+    assert shown == bar + b"class ]52;c;cm0gLXJmIH4=evil[6n 31m \xc3\xa9t\xc3\xa9\tok\n"
+    endless = b"x" * (tee_module.PARTIAL * 3)  # no newline, written faster than HOLD
+    os.write(write_end, endless[: len(endless) // 2])
+    os.write(write_end, endless[len(endless) // 2 :])
+    got = b""
+    while len(got) < len(endless):
+        got += os.read(out_r, 1 << 16)
+    assert got == endless and len(tee._partial) <= tee_module.PARTIAL
+    os.close(write_end)
+    tee.done.wait(10)
+    os.close(out_w)
+    os.close(out_r)

@@ -60,3 +60,13 @@ def test_other_errors_are_the_callers_and_guarding_twice_is_guarding_once(monkey
     monkeypatch.setattr("sys.stdout", io.StringIO())
     first = terminal.guard("stdout")
     assert terminal.guard("stdout") is first
+
+
+def test_what_the_trainer_prints_keeps_its_colours_and_loses_every_other_control_sequence(tty):
+    """Ultralytics prints class names and file names of the user's data set; one named with an escape sequence must
+    show as text, never act on the terminal (issue 45). Colours and the progress bar's redraw stay."""
+    master, stream = tty
+    guarded = terminal.GuardedStream(stream)
+    text = "\r\x1b[K\x1b[1mbold\x1b[0m \x1b]0;title\x07\x1b[2J\x9bdone\n"
+    assert guarded.write(text) == len(text)  # all of it taken, as the stream it stands for would say
+    assert os.read(master, 4096) == b"\r\x1b[K\x1b[1mbold\x1b[0m ]0;title[2Jdone\r\n"

@@ -18,7 +18,7 @@ from rocm_yolo.run.events import RunLog, read_events
 from rocm_yolo.run.nodes import Nodes, NodeStop, join_round, mark_round_started, read_round, record_stop
 from rocm_yolo.run.supervisor_state import State
 from rocm_yolo.supervisor.config import WatchdogConfig
-from rocm_yolo.supervisor.restart import remove_cut_writes, tell_other_nodes, tidy_finished
+from rocm_yolo.supervisor.restart import remove_cut_writes, remove_leftovers, tell_other_nodes, tidy_finished
 from rocm_yolo.supervisor.states import RunResult
 
 CONFIG = WatchdogConfig(stall_timeout=60, step_multiplier=10, startup_grace=300, max_restarts=2, poll_interval=1)
@@ -153,3 +153,36 @@ def test_a_node_waiting_at_the_rendezvous_when_another_stops_for_good_stops_with
     stopped = RunResult(State.INTERRUPTED, errors.TERMINATED, node0.run_dir, node=0)
     tell_other_nodes(node0, stopped, said(node0)[0])
     assert read_round(node0.paths).stopped is None
+
+
+def test_after_an_attempt_its_dead_processes_stack_files_and_a_killed_trainers_pymp_folder_go(spec, tmp_path):
+    """stacks/ gains a file for every process of every attempt, and a SIGKILLed trainer leaves multiprocessing's
+    /tmp/pymp-* (its fork server's socket): both go once the tree is gone, and only what is the run's to remove: a
+    live process's stack file stays, and so does a pymp- folder of another user's or a link (issue 45)."""
+    from helpers import as_stranger
+    from rocm_yolo.run.atomic import private_dirs
+    from rocm_yolo.run.events import RunLog
+
+    paths = spec.paths
+    private_dirs(paths.state, paths.stacks)
+    dead = a_dead_pid()
+    for name in (f"trainer-{dead}.txt", f"worker-{dead}.txt", f"worker-{os.getpid()}.txt"):
+        (paths.stacks / name).write_text("")
+    killed, other, elsewhere = (tmp_path / "tmp" / name for name in ("pymp-killed", "pymp-other", "elsewhere"))
+    for folder in (killed, other, elsewhere):
+        (folder / "inside").mkdir(parents=True)
+    linked = tmp_path / "tmp" / "pymp-linked"
+    linked.symlink_to(elsewhere)
+    log = RunLog(None, paths.events)
+    for folder in (killed, other, linked):
+        log.event("mp_tempdir", path=str(folder), pid=dead)  # what a trainer records of itself
+    log.event("mp_tempdir", path=str(elsewhere), pid=dead)  # not multiprocessing's: never removed
+    log.event("mp_tempdir", path=str(killed), pid=os.getpid())
+    as_stranger(other)
+    removed = set(remove_leftovers(spec))
+    assert removed == {paths.stacks / f"trainer-{dead}.txt", paths.stacks / f"worker-{dead}.txt", killed}
+    assert sorted(p.name for p in paths.stacks.iterdir()) == [f"worker-{os.getpid()}.txt"]
+    assert other.is_dir() and linked.is_symlink() and (elsewhere / "inside").is_dir()
+    (paths.stacks / f"worker-{os.getpid()}.txt").unlink()
+    remove_leftovers(spec)
+    assert not paths.stacks.exists()  # an empty stacks/ goes too: a finished run keeps no empty folder

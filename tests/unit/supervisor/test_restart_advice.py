@@ -33,3 +33,20 @@ def test_on_several_machines_every_node_resumes_with_its_node_options(spec):
     assert resume_command(nodes).endswith("and the same node flags, on every node")
     advice = from_python(nodes)
     assert advice.startswith("rocm_yolo.train(resume=") and "nnodes=, node_rank=, rdzv_endpoint=" in advice
+
+
+def test_a_run_name_with_shell_syntax_is_quoted_so_a_copied_line_runs_nothing(spec, tmp_path):
+    """A run named ``x$(touch pwned)`` (a name anyone could give a shared project's folder): the advice, pasted into a
+    shell, passes the path as one argument and runs nothing (issue 45)."""
+    import os
+    import shlex
+    import subprocess
+
+    run = tmp_path / "runs" / "x$(touch pwned);`touch pwned2` 'q'"
+    advice = resume_command(replace(spec, run_dir=str(run)))
+    assert shlex.split(advice) == ["rocm-yolo", "train", "--resume", str(run / "weights" / "last.pt")]
+    shown = subprocess.run(
+        ["sh", "-c", "printf '%s\\n' " + advice.removeprefix("rocm-yolo ")], cwd=tmp_path, capture_output=True
+    )
+    assert shown.stdout.decode().splitlines()[-1] == str(run / "weights" / "last.pt")
+    assert not any(name.startswith("pwned") for name in os.listdir(tmp_path))

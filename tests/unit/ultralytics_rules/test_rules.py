@@ -93,8 +93,32 @@ def test_datasets_dir_is_read_from_the_settings_file_ultralytics_uses(tmp_path, 
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     file, default = out.stdout.strip().splitlines()[-2:]
-    assert datasets.settings_files(env)[0] == Path(file) and Path(file).is_relative_to(tmp_path)
+    assert datasets.settings_file(env) == Path(file) and Path(file).is_relative_to(tmp_path)
     assert datasets.datasets_dir(env) == Path(default)  # the default Ultralytics wrote on its first import
     settings = json.loads(Path(file).read_text())
     Path(file).write_text(json.dumps({**settings, "datasets_dir": str(tmp_path / "mine")}))
     assert datasets.datasets_dir(env) == tmp_path / "mine"
+
+
+def test_the_shared_tmp_settings_fallback_is_read_only_where_ultralytics_uses_it_and_only_the_users_own(
+    tmp_path, monkeypatch
+):
+    """Another user made /tmp/Ultralytics/settings.json first (older Ultralytics' fallback, world-writable /tmp) and
+    chose the datasets_dir: it is never read while the user's own config folder can be made, nor ever as theirs."""
+    shared = tmp_path / "tmp-Ultralytics"
+    shared.mkdir()
+    (shared / "settings.json").write_text(json.dumps({"datasets_dir": str(tmp_path / "strangers")}))
+    monkeypatch.setattr(datasets, "SHARED_FALLBACK", shared)
+    monkeypatch.setattr(datasets.tempfile, "tempdir", str(tmp_path / "no-tmpdir"))
+    usable = {"YOLO_CONFIG_DIR": str(tmp_path / "config")}  # missing but makeable: Ultralytics uses it
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    unusable = {"YOLO_CONFIG_DIR": str(blocked / "config")}  # under a file: Ultralytics falls back
+    assert datasets.settings_file(usable) == tmp_path / "config" / "Ultralytics" / "settings.json"
+    assert datasets.datasets_dir(usable) is None  # no settings of the user's yet: never the stranger's
+    assert datasets.datasets_dir(unusable) == tmp_path / "strangers"  # the user's own fallback: read as Ultralytics
+    os.chown(shared / "settings.json", 65534, 65534)  # now another user's file
+    assert datasets.settings_file(unusable) is None and datasets.datasets_dir(unusable) is None
+    os.chown(shared / "settings.json", os.geteuid(), os.getegid())
+    os.chown(shared, 65534, 65534)  # the user's file in another user's folder: they could swap it
+    assert datasets.datasets_dir(unusable) is None
