@@ -13,7 +13,8 @@ A call is **harmful** when its remedy does harm (each class's record says which:
 loader, data, training or host-memory failure called a class that stops the run at once, or a GPU or environment
 failure sent down the loader ladder.
 
-``python tests/corpus/score.py`` prints the per-class table (docs/watchdog.md holds it) and each wrong call.
+``python tests/corpus/score.py`` prints the table by set and the per-class table (docs/watchdog.md holds both), each
+set's own per-class table, and each wrong call.
 """
 
 from __future__ import annotations
@@ -135,7 +136,19 @@ def table(scores: list[Score]) -> str:
     return "\n".join(rows)
 
 
+def by_set(scores: list[Score]) -> str:
+    """The markdown table by set: each file's cases, right and harmful calls."""
+    rows = ["| set | cases | right | harmful |", "|---|---|---|---|"]
+    for name in FILES:
+        mine = [s for s in scores if s.case.file == name]
+        if mine:
+            right, harm = sum(s.right for s in mine), sum(s.harmful for s in mine)
+            rows.append(f"| `{name}` | {len(mine)} | {right} ({100 * right / len(mine):.0f}%) | {harm} |")
+    return "\n".join(rows)
+
+
 def main() -> int:
+    print(f"by set:\n{by_set(score())}")
     for name in FILES:
         scores = score((name,))
         if scores:

@@ -35,4 +35,6 @@ def test_the_table_in_the_docs_is_the_one_the_corpus_gives_today():
     from pathlib import Path
 
     docs = (Path(score.HERE).parent.parent / "docs" / "watchdog.md").read_text()
-    assert score.table(score.score()) in docs, "run python tests/corpus/score.py and put its table in docs/watchdog.md"
+    scores = score.score()
+    assert score.table(scores) in docs, "run python tests/corpus/score.py and put its table in docs/watchdog.md"
+    assert score.by_set(scores) in docs, "run python tests/corpus/score.py and put its table by set in docs/watchdog.md"
