@@ -8,7 +8,8 @@ runtime) is a GPU hang; on several GPUs the rank stuck outside torch is the one 
 show only the training loop's outer frames, or no Python frame, the kernel still knows where the trainer's main
 thread waits: in an ioctl on a GPU driver's device (``/dev/kfd``: libhsakmt's ``hsaKmtWaitOnEvent``; amdgpu's or
 NVIDIA's), a GPU that stopped answering; in a ``futex`` while the attempt's DataLoader workers are gone, a queue
-nobody will fill: the loader. Pure.
+nobody will fill: the loader. A hang's own output that holds its main thread's native frames (py-spy's, gdb's) in
+ROCr's signal wait is a GPU hang too (:func:`from_native`, the words of :data:`.vocabulary.WAITS`). Pure.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ PyTorch and Linux, each pattern with the source that prints it and the class it 
 The classifier (:mod:`.diagnose`) reads a failure's text against :data:`WORDS`, in their order: the first word
 that appears decides. A pattern is a runtime's error name, its error string
 (``hipGetErrorString``, ``hsa_status_string``, ``ncclGetErrorString``, torch's message) or the format of a line it
-prints, never one user's output: so a failure nobody reported yet is named by the same words.
+prints, never one user's output: so a failure nobody reported yet is named by the same words. :data:`WAITS` holds
+where a hung thread waits in the runtime's native frames (read in a hang only, by :mod:`.hangs`).
 
 Why this order: what a runtime says of the card itself (no code object for it, no device) explains every later
 error, memory refused explains a kernel's or a worker's death, the GPU's own fault explains a collective or a
