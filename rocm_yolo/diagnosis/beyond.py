@@ -1,8 +1,9 @@
 """The rules that read the evidence beyond the failure's own text (:mod:`.sources` gathers it), where the text alone
 cannot decide: policy, and pure, as :mod:`.diagnose` which asks them.
 
-- :func:`oom_counted`: a process of the attempt killed by SIGKILL (the trainer, a rank, a DataLoader worker) while
-  the run's own memory cgroup counted an OOM kill is host memory, on the kernel's own count (strong);
+- :func:`oom_counted`: a process of the attempt killed by SIGKILL (the trainer, a rank, a DataLoader worker), or a
+  DataLoader worker gone without a word of what killed it, while the run's own memory cgroup counted an OOM kill is
+  host memory, on the kernel's own count (strong);
 - :func:`from_labels`: a device-side assert or an index error, with label lines whose class id is not one of the
   data set's ``nc``, is a data error naming the file and line;
 - :func:`from_override`: a GPU fault on a card whose ``HSA_OVERRIDE_GFX_VERSION`` names another architecture than
@@ -39,6 +40,8 @@ OVERRIDE_WHY = (
     "make libhsakmt refuse such overrides for the crashes, GPU resets and hangs they cause"
 )
 _WORKER_KILLED = re.compile(r"DataLoader worker \(pid[^\n]*(?:killed by signal: Killed|killed by SIGKILL)")
+# torch's words for a worker found dead without its signal (torch/utils/data/dataloader.py _try_get_data)
+_WORKER_GONE = re.compile(r"DataLoader worker \(pid\(s\)[^\n]*exited unexpectedly")
 _INDEX = re.compile(r"^(?:[\w.]+\.)?IndexError\b")
 _GIB = 1 << 30
 
@@ -48,13 +51,18 @@ def size(n: int) -> str:
 
 
 def sigkilled(e: Evidence, text: str, rank: tuple[int, int] | None) -> str:
-    """Which process of the attempt died of SIGKILL, as its exit or torch said it; "" for none."""
+    """Which process of the attempt died of SIGKILL, as its exit or torch said it, or a DataLoader worker torch found
+    gone without saying by what (the OOM killer's SIGKILL is one such end: the cgroup's count says whether it was);
+    "" for none."""
     if rank is not None and rank[1] == -signal.SIGKILL:
         return f"rank {rank[0]} killed by SIGKILL"
     if e.exit_code == -signal.SIGKILL:
         return "training process killed by SIGKILL"
     m = _WORKER_KILLED.search(text)
-    return f"a DataLoader worker killed by SIGKILL ({m[0][:120]})" if m else ""
+    if m:
+        return f"a DataLoader worker killed by SIGKILL ({m[0][:120]})"
+    m = _WORKER_GONE.search(text)
+    return f"a DataLoader worker gone ({m[0][:120]})" if m else ""
 
 
 def oom_counted(e: Evidence, how: str) -> Diagnosis | None:

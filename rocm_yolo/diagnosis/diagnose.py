@@ -294,7 +294,11 @@ def _hang(e: Evidence) -> Diagnosis:
     found = vocabulary.first(text)
     if found is not None and found[0].cls == GPU_HANG:
         return _from_word(*found, text, weak=False)
-    from_stacks = hangs.from_stacks(e.stacks, multi_gpu=e.multi_gpu, on_gpu=e.on_gpu) or hangs.from_traceback(text)
+    from_stacks = (
+        hangs.from_stacks(e.stacks, multi_gpu=e.multi_gpu, on_gpu=e.on_gpu)
+        or hangs.from_traceback(text)
+        or hangs.from_native(text)
+    )
     if from_stacks is not None and from_stacks.cls in (LOADER, COLLECTIVE):
         return from_stacks
     from_threads = hangs.from_threads(e.threads, e.workers)  # where the kernel says the trainer's main thread waits

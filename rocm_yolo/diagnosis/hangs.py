@@ -8,13 +8,15 @@ runtime) is a GPU hang; on several GPUs the rank stuck outside torch is the one 
 show only the training loop's outer frames, or no Python frame, the kernel still knows where the trainer's main
 thread waits: in an ioctl on a GPU driver's device (``/dev/kfd``: libhsakmt's ``hsaKmtWaitOnEvent``; amdgpu's or
 NVIDIA's), a GPU that stopped answering; in a ``futex`` while the attempt's DataLoader workers are gone, a queue
-nobody will fill: the loader. Pure.
+nobody will fill: the loader. A hang's own output that holds its main thread's native frames (py-spy's, gdb's) in
+ROCr's signal wait is a GPU hang too (:func:`from_native`, the words of :data:`.vocabulary.WAITS`). Pure.
 """
 
 from __future__ import annotations
 
 import re
 
+from rocm_yolo.diagnosis import vocabulary
 from rocm_yolo.diagnosis.classes import COLLECTIVE, GPU_HANG, LOADER, UNKNOWN
 from rocm_yolo.diagnosis.record import Diagnosis
 from rocm_yolo.process.kernel_view import STOPPED, ThreadView
@@ -22,7 +24,9 @@ from rocm_yolo.process.kernel_view import STOPPED, ThreadView
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+ in (\S+)')
 _SECTION = re.compile(r"^===== pid (\d+) \((\w+), [^)]*\)", re.M)
 _STOPPED = re.compile(r"^===== pid (\d+) \((\w+), (?:stopped|tracing-stop)\)", re.M)  # psutil's status names
-_HIP_NATIVE = re.compile(r"\b(hip[A-Z]\w+|hsa_\w+|hsaKmt\w+)")  # py-spy --native: a thread in the HIP runtime
+# py-spy --native: a thread in the HIP runtime (ROCr's C++ frames are in its namespace rocr::, ROCR-Runtime core/)
+_HIP_NATIVE = re.compile(r"\b(hip[A-Z]\w+|hsa_\w+|hsaKmt\w+|rocr::[\w:]+)")
+_THREAD_HEAD = re.compile(r"^Thread \S+[^\n]*$", re.M)  # py-spy's "Thread 0x7f.. (idle): "MainThread"", gdb's
 _COLLECTIVES = re.compile(r"^(all_reduce|barrier|broadcast|all_gather\w*|reduce_scatter\w*|reduce|wait|backward)$")
 WHY = "the stacks of the hung processes (faulthandler, py-spy)"
 THREADS_WHY = (
@@ -155,6 +159,28 @@ def from_traceback(text: str) -> Diagnosis | None:
             (f"the trainer waits in {where(frames)}",),
         )
     return None
+
+
+def main_block(text: str) -> str:
+    """Of a native dump's threads (py-spy's, gdb's "Thread N" blocks), the main thread's: the one py-spy names
+    MainThread, else the first; the whole text where it names no thread."""
+    heads = list(_THREAD_HEAD.finditer(text))
+    if not heads:
+        return text
+    blocks = [text[m.start() : heads[i + 1].start() if i + 1 < len(heads) else len(text)] for i, m in enumerate(heads)]
+    return next((b for b in blocks if '"MainThread"' in b.split("\n", 1)[0]), blocks[0])
+
+
+def from_native(text: str) -> Diagnosis | None:
+    """A hang whose output holds the native frames of its main thread (py-spy --native's, gdb's) waiting in the GPU
+    runtime's signal wait (:data:`.vocabulary.WAITS`): the GPU never set the signal. None otherwise."""
+    found = vocabulary.first(main_block(text), vocabulary.WAITS)
+    if found is None:
+        return None
+    word, line = found
+    title = f"GPU hang: the main thread waits for the GPU's signal ({line[:120]})"
+    why = f"{word.name} ({word.meaning}): {word.source}"
+    return Diagnosis(GPU_HANG, title, f"{GPU_HANG}: waits for a signal", (line,), why=why)
 
 
 def rank_stuck(mains: dict) -> Diagnosis:

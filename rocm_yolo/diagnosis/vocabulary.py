@@ -4,7 +4,8 @@ PyTorch and Linux, each pattern with the source that prints it and the class it 
 The classifier (:mod:`.diagnose`) reads a failure's text against :data:`WORDS`, in their order: the first word
 that appears decides. A pattern is a runtime's error name, its error string
 (``hipGetErrorString``, ``hsa_status_string``, ``ncclGetErrorString``, torch's message) or the format of a line it
-prints, never one user's output: so a failure nobody reported yet is named by the same words.
+prints, never one user's output: so a failure nobody reported yet is named by the same words. :data:`WAITS` holds
+where a hung thread waits in the runtime's native frames (read in a hang only, by :mod:`.hangs`).
 
 Why this order: what a runtime says of the card itself (no code object for it, no device) explains every later
 error, memory refused explains a kernel's or a worker's death, the GPU's own fault explains a collective or a
@@ -70,6 +71,34 @@ ROCBLAS = "ROCm/rocBLAS library/src/tensile_host.cpp (the Tensile kernel library
 HIP_FATBIN = "ROCm/clr hipamd/src/hip_fatbin.cpp and hip_code_object.cpp (no code object for the device)"
 LINUX_ENOMEM = "Linux errno ENOMEM ('Cannot allocate memory'), C++ std::bad_alloc, CPython MemoryError"
 OPENCV = "opencv/opencv modules/core/src/alloc.cpp (OutOfMemoryError: 'Failed to allocate N bytes')"
+TORCH_DEVICES = (
+    'pytorch/pytorch c10/cuda/CUDAFunctions.cpp (device_count: TORCH_WARN("CUDA initialization: ", ...) with the '
+    "error of device_count_impl, the runtime's failure to count the GPUs; 'HIP initialization:' hipified)"
+)
+HIP_LAUNCH_BOUNDS = (
+    "ROCm/clr hipamd/src/hip_module.cpp:295 (f9f995c6, the launch's validation: more threads per block than the "
+    "kernel's code object allows returns hipErrorLaunchFailure)"
+)
+HIP_OLD_CODES = (
+    "ROCm/HIP include/hip/hip_runtime_api.h: hipErrorMemoryAllocation = 1002 until Dec 2019 (line 253 at 9c916321), "
+    "then the deprecated alias of hipErrorOutOfMemory = 2 (line 293 at c5e11fca); a caller that prints the code's "
+    "value shows hipError_t(1002)"
+)
+TORCH_TH_ALLOC = (
+    "pytorch/pytorch aten/src/TH/THGeneral.cpp (THAlloc, torch 1.x and Torch7: '$ Torch: not enough memory: you "
+    "tried to allocate ...GB')"
+)
+TORCH_NCCL_FRAMES = (
+    "pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (WorkNCCL::checkTimeout raises 'Watchdog caught "
+    "collective operation timeout'; the watchdog thread ncclCommWatchdog raises what it caught), as c10's "
+    "'Exception raised from <function> at <file>' (c10/util/Exception.cpp) and its C++ frames show them"
+)
+ROCR_WAIT = (
+    "ROCm/ROCR-Runtime runtime/hsa-runtime/core/runtime/interrupt_signal.cpp:144 and :245 (c7785a6d: "
+    "rocr::core::InterruptSignal::WaitRelaxed/WaitAcquire, which sleep in hsaKmtWaitOnEvent_Ext, :241), "
+    "default_signal.cpp:78 (BusyWaitSignal), inc/hsa.h:2062 (hsa_signal_wait_scacquire): a host thread waits for "
+    "a signal the GPU sets when its work is done"
+)
 CUDNN = "NVIDIA cuDNN's cudnnGetErrorString (CUDNN_STATUS_*), printed by torch's aten/src/ATen/cudnn/Exceptions.h"
 ULTRALYTICS_DATA = "ultralytics/ultralytics ultralytics/data (load_image, verify_image_label, the label checks)"
 
@@ -106,10 +135,18 @@ WORDS: tuple[Word, ...] = (
     ),
     _w(
         ENVIRONMENT,
+        "kernel built for fewer threads",
+        r"Launch params \(\d+, \d+, \d+\) are larger than launch bounds \(\d+\)[^\n]*",
+        HIP_LAUNCH_BOUNDS,
+        "a kernel launched with more threads per block than its code object was built for: a build that does not "
+        "fit this card (its wave size)",
+    ),
+    _w(
+        ENVIRONMENT,
         "no GPU visible",
         r"No (?:HIP|CUDA) GPUs are available|no (?:ROCm|CUDA)-capable device is detected|hipErrorNoDevice|"
-        r"Torch not compiled with CUDA enabled|CUDA driver initialization failed",
-        TORCH_CUDA + " (_lazy_init: a torch built without a GPU) and c10/cuda/CUDAFunctions.cpp; " + HIP_ERRORS,
+        r"Torch not compiled with CUDA enabled|CUDA driver initialization failed|(?:CUDA|HIP) initialization: [^\n]*",
+        TORCH_CUDA + " (_lazy_init: a torch built without a GPU); " + TORCH_DEVICES + "; " + HIP_ERRORS,
         "the runtime sees no usable GPU (driver, permissions, visibility variables, or an unsupported card)",
     ),
     _w(
@@ -170,7 +207,7 @@ WORDS: tuple[Word, ...] = (
         r"hipErrorOutOfMemory|(?:HIP|CUDA) error: out of memory|miopenStatusAllocFailed|MIOPEN_STATUS_ALLOC_FAILED|"
         r"(?:CU|HIP)BLAS_STATUS_ALLOC_FAILED|rocblas_status_memory_error|Allocation failed : Device memory[^\n]*|"
         r"BlockAllocator::alloc failed[^\n]*|HSA_STATUS_ERROR_OUT_OF_(?:RESOURCES|REGISTERS)\b[^\n]*|"
-        r"Memory not available to allocate buffer[^\n]*",
+        r"Memory not available to allocate buffer[^\n]*|hipErrorMemoryAllocation|hipError_t\((?:2|1002)\)",
         TORCH_CUDA
         + "; "
         + HIP_ERRORS
@@ -178,7 +215,8 @@ WORDS: tuple[Word, ...] = (
         + MIOPEN
         + "; "
         + HSA_STATUS
-        + " (OUT_OF_RESOURCES: scratch, queues, VRAM)",
+        + " (OUT_OF_RESOURCES: scratch, queues, VRAM); "
+        + HIP_OLD_CODES,
     ),
     # --- host memory
     _w(
@@ -187,10 +225,17 @@ WORDS: tuple[Word, ...] = (
         r"DefaultCPUAllocator: (?:can't allocate|not enough) memory[^\n]*|"
         r"^\W*(?:[\w.]+\.)?(?:_Array)?MemoryError\b[^\n]*|"
         r"std::bad_alloc|\[Errno 12\] Cannot allocate memory[^\n]*|Insufficient memory\)? Failed to allocate[^\n]*|"
-        r"CPUAllocator\.cpp:\d+\][^\n]*posix_memalign[^\n]*|"
+        r"CPUAllocator\.cpp:\d+\][^\n]*posix_memalign[^\n]*|\$ Torch: not enough memory: you tried to allocate[^\n]*|"
         r"Detected \d+ oom[_-]kill event[^\n]*|Some of the step tasks have been OOM Killed[^\n]*|"
         r"earlyoom\S*: (?:low memory!|sending SIG\w+ to process)[^\n]*|systemd-oomd\S*: Killed[^\n]*",
-        TORCH_ALLOC + " (older: CPUAllocator.cpp's posix_memalign); " + LINUX_ENOMEM + "; " + OPENCV + "; "
+        TORCH_ALLOC
+        + " (older: CPUAllocator.cpp's posix_memalign); "
+        + TORCH_TH_ALLOC
+        + "; "
+        + LINUX_ENOMEM
+        + "; "
+        + OPENCV
+        + "; "
         "SchedMD/slurm src/plugins/task/cgroup (slurmstepd: the step's cgroup OOM-killed a task); "
         "rfjakob/earlyoom and systemd-oomd (user-space OOM killers: SIGTERM, then SIGKILL)",
         flags=re.M,
@@ -270,8 +315,9 @@ WORDS: tuple[Word, ...] = (
         "collective timed out",
         r"[Cc]aught collective operation timeout[^\n]*|(?:NCCL|Process group) watchdog thread terminated[^\n]*|"
         r"ProcessGroupNCCL's watchdog got stuck[^\n]*|Some NCCL operations have failed or timed out[^\n]*|"
-        r"Heartbeat monitor timed out[^\n]*|NCCL operation timed out",
-        TORCH_NCCL,
+        r"Heartbeat monitor timed out[^\n]*|NCCL operation timed out|"
+        r"\bWorkNCCL::checkTimeout\b[^\n]*|Exception raised from checkTimeout at \S*ProcessGroupNCCL\.cpp[^\n]*",
+        TORCH_NCCL + "; " + TORCH_NCCL_FRAMES,
         "a collective waited longer than its timeout: a rank stopped taking part",
     ),
     _w(
@@ -281,8 +327,9 @@ WORDS: tuple[Word, ...] = (
         r"[^\n]*|DistBackendError[^\n]*|NCCL communicator was aborted[^\n]*|"
         r"unhandled (?:cuda|system) error \(run with NCCL_DEBUG[^\n]*|"
         r"remote process exited or there was a network error|"
-        r"NCCL WARN (?:(?:Cuda|HIP|HSA) failure|Call to \S+ failed)[^\n]*",
-        NCCL_ERRORS + "; " + TORCH_NCCL,
+        r"NCCL WARN (?:(?:Cuda|HIP|HSA) failure|Call to \S+ failed)[^\n]*|"
+        r"Exception raised from ncclCommWatchdog at \S*ProcessGroupNCCL\.cpp[^\n]*",
+        NCCL_ERRORS + "; " + TORCH_NCCL + "; " + TORCH_NCCL_FRAMES,
     ),
     # --- the loader's processes and their shared memory
     _w(
@@ -322,6 +369,19 @@ WORDS: tuple[Word, ...] = (
         r"(?i:FloatingPointError)[^\n]*|Loss became infinite or NaN[^\n]*",
         "CPython's FloatingPointError; facebookresearch/detectron2 engine/train_loop.py",
         "the loss became NaN or infinite",
+    ),
+)
+
+# Where a hung thread waits, in its native frames (py-spy --native's, gdb's): read in a hang only (diagnosis.hangs), and
+# in the main thread only: the HIP runtime's own threads wait on signals all the time (ROCclr's hostcall listener
+# waits on its doorbell signal, rocclr/device/devhostcall.cpp)
+WAITS: tuple[Word, ...] = (
+    _w(
+        GPU_HANG,
+        "waits for the GPU's signal",
+        r"\brocr::core::\w*Signal::Wait\w*|\bhsa_signal_wait_\w+",
+        ROCR_WAIT,
+        "the main thread waits for a signal the GPU never set: the GPU stopped answering",
     ),
 )
 

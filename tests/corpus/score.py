@@ -1,8 +1,9 @@
 """The diagnosis measured on real failures: each case of the corpus, as the watchdog would gather it, diagnosed.
 
-The corpus (``failures.jsonl``: the starting set of ../shared/corpus, ``gathered.jsonl``: cases gathered later and
-held out while the rules were written) holds failure outputs copied verbatim from public issue threads, each with
-the thread's address and the class its resolution supports; ``measured.jsonl`` holds failures made on a lent GPU by
+The corpus (``failures.jsonl``: the starting set of ../shared/corpus; ``gathered.jsonl``, ``heldout.jsonl``,
+``heldout2.jsonl`` and ``heldout3.jsonl``: sets gathered later by readers who had not seen the rules, each scored once
+before it was read, docs/watchdog.md) holds failure outputs copied verbatim from public issue threads, each with the
+thread's address and the class its resolution supports; ``measured.jsonl`` holds failures made on a lent GPU by
 benchmarks/gpu_acceptance.py (its step 6), each with the machine and the fault that made it. A case becomes
 :class:`Evidence` as the watchdog gathers it: the post's kernel-log lines (dmesg's, amdgpu's, the OOM killer's) as
 the kernel log of the run's processes and cards, the rest as the child's stderr and traceback, the exit status as
@@ -13,7 +14,8 @@ A call is **harmful** when its remedy does harm (each class's record says which:
 loader, data, training or host-memory failure called a class that stops the run at once, or a GPU or environment
 failure sent down the loader ladder.
 
-``python tests/corpus/score.py`` prints the per-class table (docs/watchdog.md holds it) and each wrong call.
+``python tests/corpus/score.py`` prints the table by set and the per-class table (docs/watchdog.md holds both), each
+set's own per-class table, and each wrong call.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from rocm_yolo.diagnosis.remedies import Context, decide  # noqa: E402
 from rocm_yolo.gpu import kernel_log  # noqa: E402
 from rocm_yolo.run.supervisor_state import Failure  # noqa: E402
 
-FILES = ("failures.jsonl", "gathered.jsonl", "heldout.jsonl", "heldout2.jsonl", "measured.jsonl")
+FILES = ("failures.jsonl", "gathered.jsonl", "heldout.jsonl", "heldout2.jsonl", "heldout3.jsonl", "measured.jsonl")
 CALM = tuple(c.name for c in CLASSES if c.stop_harms)  # failures a retry may cure: never stopped at once
 GPU_SIDE = tuple(c.name for c in CLASSES if c.ladder_harms)  # failures a lighter loader cannot cure
 LABELS = tuple(c.name for c in CLASSES if c.name != "unknown")  # what a case's resolution may say it was
@@ -135,7 +137,19 @@ def table(scores: list[Score]) -> str:
     return "\n".join(rows)
 
 
+def by_set(scores: list[Score]) -> str:
+    """The markdown table by set: each file's cases, right and harmful calls."""
+    rows = ["| set | cases | right | harmful |", "|---|---|---|---|"]
+    for name in FILES:
+        mine = [s for s in scores if s.case.file == name]
+        if mine:
+            right, harm = sum(s.right for s in mine), sum(s.harmful for s in mine)
+            rows.append(f"| `{name}` | {len(mine)} | {right} ({100 * right / len(mine):.0f}%) | {harm} |")
+    return "\n".join(rows)
+
+
 def main() -> int:
+    print(f"by set:\n{by_set(score())}")
     for name in FILES:
         scores = score((name,))
         if scores:

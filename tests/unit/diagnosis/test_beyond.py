@@ -52,6 +52,16 @@ def test_a_sigkill_the_runs_cgroup_counted_as_an_oom_kill_is_host_memory_strong(
     assert "it allows 8.0 GiB" in diagnose(crash(exit_code=-9, cgroup_kills=1, cgroup_limit=8 << 30)).title
 
 
+def test_a_worker_gone_without_a_word_while_the_cgroup_counted_an_oom_kill_is_host_memory():
+    """torch says a worker "exited unexpectedly" when it finds it dead without its signal: the cgroup's count says
+    whether the OOM killer ended it."""
+    gone = "RuntimeError: DataLoader worker (pid(s) 8260) exited unexpectedly"
+    counted = diagnose(crash(exit_code=1, stderr=gone, cgroup_kills=1, cgroup_source="cgroup v2 /x"))
+    assert counted.cls == HOST_OOM and not counted.weak and "worker gone" in counted.detail["victim"]
+    for kills in (0, None):  # counted none, or not read: the loader's own words decide
+        assert diagnose(crash(exit_code=1, stderr=gone, cgroup_kills=kills)).cls == LOADER
+
+
 def test_a_sigkill_the_cgroup_did_not_count_is_no_oom_and_an_unreadable_one_is_the_old_guess():
     none = diagnose(crash(exit_code=-9, cgroup_kills=0, cgroup_source="cgroup v2 /x"))
     assert none.cls == UNKNOWN and "counted no OOM kill" in none.title and not none.weak

@@ -208,6 +208,30 @@ def test_py_spys_native_frames_in_the_hip_runtime_are_gpu_work():
     assert diagnose(Evidence("hang", stacks=text)).cls == UNKNOWN  # no GPU: no GPU work
 
 
+def test_a_hangs_own_native_frames_of_its_main_thread_waiting_for_the_gpus_signal_are_a_gpu_hang():
+    """ROCr's signal wait (InterruptSignal::WaitRelaxed, hsa_signal_wait_*) in the main thread: the GPU never set the
+    signal. In another thread it decides nothing (ROCclr's hostcall listener waits on its signal all the time), and in
+    a crash's output it is no word of a failure."""
+    wait = "    rocr::core::InterruptSignal::WaitRelaxed (libhsa-runtime64.so.1)\n"
+    found = diagnose(Evidence("hang", stderr=wait))
+    assert found.cls == GPU_HANG and "InterruptSignal::WaitRelaxed" in found.title
+    dump = (
+        'Thread 11 (idle): "hostcall"\n' + wait + "    start_thread (libc.so.6)\n"
+        'Thread 10 (idle): "MainThread"\n    futex_wait (libc.so.6)\n    _do_train (trainer.py:420)\n'
+    )
+    assert diagnose(Evidence("hang", stderr=dump)).cls != GPU_HANG
+    main = dump.replace(
+        '"MainThread"\n    futex_wait (libc.so.6)', '"MainThread"\n    hsa_signal_wait_scacquire (x.so)'
+    )
+    assert diagnose(Evidence("hang", stderr=main)).cls == GPU_HANG
+    assert diagnose(Evidence("crash", exit_code=-11, stderr=wait)).cls != GPU_HANG
+    # py-spy's own dump of the trainer (the stacks file): ROCr's C++ frames are the HIP runtime's
+    stuck = [("/x/ultralytics/engine/trainer.py", "_do_train"), *MAIN_TAIL]
+    native = '--- py-spy dump --native (exit 0):\nProcess 10: python\n\nThread 10 (idle): "MainThread"\n' + wait
+    text = stacks((10, "trainer", [stuck])) + native
+    assert diagnose(Evidence("hang", stacks=text, on_gpu=True)).cls == GPU_HANG
+
+
 def test_any_hip_error_of_the_training_step_is_the_gpus_but_its_out_of_memory_is_gpu_oom():
     code = diagnose(Evidence("crash", 1, traceback=traceback("RuntimeError: HIP error: unspecified launch failure")))
     assert code.cls == GPU_FAULT and code.title == "GPU error (unspecified launch failure)"
@@ -340,6 +364,42 @@ def test_an_earlier_line_or_an_unnamed_kernel_line_only_suggests_and_never_stops
         ),
         # Ultralytics' check_det_dataset
         ("FileNotFoundError: Dataset 'data.yaml' images not found, missing path '/data/images/val'", DATA_ERROR),
+        # torch's c10/cuda/CUDAFunctions.cpp device_count: TORCH_WARN("CUDA initialization: ", ...), hipified
+        (
+            "UserWarning: HIP initialization: Unexpected error from hipGetDeviceCount(). Did you run some cuda "
+            "functions before calling NumHipDevices() that might have already set an error? Error 100: no ROCm-capable "
+            "device is detected",
+            ENVIRONMENT,
+        ),
+        (
+            "UserWarning: CUDA initialization: CUDA unknown error - this may be due to an incorrectly set up",
+            ENVIRONMENT,
+        ),
+        # ROCm/clr hip_module.cpp: LogPrintfError("Launch params (%u, %u, %u) are larger than launch bounds (%lu) ...")
+        # before torch's hipErrorLaunchFailure: the build, not the GPU
+        (
+            ":1:hip_module.cpp :295 : 1 us: Launch params (512, 1, 1) are larger than launch bounds (256) for kernel "
+            "_Z6kernelPf\nRuntimeError: HIP error: unspecified launch failure",
+            ENVIRONMENT,
+        ),
+        # HIP's hipErrorMemoryAllocation (1002 before ROCm 3.x, then 2): printed by name or by value
+        ("hipMalloc failed: hipErrorMemoryAllocation", GPU_OOM),
+        ("failed to allocate 4.00G (4294967296 bytes) from device: hipError_t(1002)", GPU_OOM),
+        # torch 1.x's TH allocator (aten/src/TH/THGeneral.cpp THAlloc)
+        (
+            "RuntimeError: $ Torch: not enough memory: you tried to allocate 64GB. Buy new RAM! at THGeneral.cpp:204",
+            HOST_OOM,
+        ),
+        # ProcessGroupNCCL.cpp's watchdog, as c10::Error's frames and "Exception raised from" show it
+        (
+            "frame #1: c10d::ProcessGroupNCCL::WorkNCCL::checkTimeout(std::optional<std::chrono::duration<long, "
+            "std::ratio<1l, 1000l> > >) + 0x1e6 (0x7f in /x/torch/lib/libtorch_cuda.so)",
+            COLLECTIVE,
+        ),
+        (
+            "Exception raised from ncclCommWatchdog at /x/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1900",
+            COLLECTIVE,
+        ),
     ],
 )
 def test_the_runtimes_own_words(text, cls):
