@@ -13,7 +13,7 @@ import re
 from typing import Mapping, Protocol
 
 from rocm_yolo import environment as env_names
-from rocm_yolo.errors import UsageError
+from rocm_yolo.errors import UsageError, option
 
 SLURM_PORT_BASE, SLURM_PORT_SPAN = 15000, 15000  # ports 15000-29999: below Linux's ephemeral range
 
@@ -61,7 +61,8 @@ class Slurm:
             return expand_nodelist(nodelist)[0]
         except (ValueError, IndexError) as e:
             raise UsageError(
-                f"{env_names.SLURM_JOB_NODELIST}={nodelist} cannot be read ({e}): give --rdzv-endpoint HOST:PORT"
+                f"{env_names.SLURM_JOB_NODELIST}={nodelist} cannot be read ({e}): give "
+                + option("rdzv_endpoint", "HOST:PORT")
             ) from None
 
     def port(self, env: Mapping[str, str]) -> int | None:

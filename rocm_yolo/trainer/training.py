@@ -84,6 +84,7 @@ def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
         model = YOLO(spec.resume or spec.model)
         if spec.resume:
             spec, model = checked_resume(spec, model, log, YOLO)
+            model = train_args.reopen_stripped(spec, model, log, YOLO)  # a finished run trained on, from last.pt
         args = train_args.train_args(spec, env.args, log, model.ckpt)
         if model.ckpt:
             model.ckpt.pop(MID_EPOCH_KEY, None)  # the trainer loads its own copy; do not hold this one all run

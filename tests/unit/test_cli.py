@@ -140,17 +140,19 @@ def test_done_counts_from_the_resumed_checkpoint_not_from_results_csv(tmp_path):
     from types import SimpleNamespace
 
     from helpers import fake_checkpoint
+    from rocm_yolo.launch import ending
     from rocm_yolo.run.midepoch import MID_EPOCH_KEY
+    from rocm_yolo.ultralytics_rules import checkpoint
 
     results = tmp_path / "results.csv"
     results.write_text("epoch,   train/box_loss\n1,0.5\n2,0.4\n3,0.3\n")
     good = fake_checkpoint(tmp_path / "last_good.pt", pickle.dumps({"epoch": 1, "train_args": {"epochs": 6}}))
     spec = SimpleNamespace(resume=str(good), paths=SimpleNamespace(results=results))
-    assert cli_module._trained_before(spec) == 2
-    assert cli_module._trained_before(SimpleNamespace(resume=None, paths=spec.paths)) == 0
+    assert ending.trained_before(spec) == 2
+    assert ending.trained_before(SimpleNamespace(resume=None, paths=spec.paths)) == 0
     stripped = fake_checkpoint(tmp_path / "last.pt", pickle.dumps({"epoch": -1, "train_args": {"epochs": 3}}))
-    assert cli_module._trained_before(SimpleNamespace(resume=str(stripped), paths=spec.paths)) == 3  # results.csv
+    assert ending.trained_before(SimpleNamespace(resume=str(stripped), paths=spec.paths)) == 3  # results.csv
     mid = fake_checkpoint(tmp_path / "ep1-ba1.pt", pickle.dumps({"epoch": -1, MID_EPOCH_KEY: {}, "train_args": {}}))
-    assert cli_module._trained_before(SimpleNamespace(resume=str(mid), paths=spec.paths)) == 0  # inside epoch 1
+    assert ending.trained_before(SimpleNamespace(resume=str(mid), paths=spec.paths)) == 0  # inside epoch 1
     results.write_text("epoch,   train/box_loss\n" + "".join(f"{e},0.1\n" for e in (1, 2, 3, 4, 5, 6)))
-    assert cli_module._last_epoch(results) == 6 and cli_module._last_epoch(tmp_path / "none.csv") == 0
+    assert checkpoint.last_epoch(results) == 6 and checkpoint.last_epoch(tmp_path / "none.csv") == 0

@@ -42,7 +42,9 @@ def test_resuming_a_finished_run_is_refused_before_anything_is_written(tmp_path,
     run = tmp_path / "runs" / "detect" / "train"
     checkpoint(RunPaths(run).last, epoch)
     before = snapshot(tmp_path)
-    with pytest.raises(UsageError, match="has already finished all 3 epochs: train it further with --resume") as e:
+    with pytest.raises(
+        UsageError, match="has already finished all 3 epochs: train it further with rocm-yolo train --resume"
+    ) as e:
         prepare(resume=str(RunPaths(run).last))
     assert f"--resume {run} --epochs N" in str(e.value) and f"--model {RunPaths(run).last}" in str(e.value)
     assert snapshot(tmp_path) == before and not ownership.held(run)  # not even the lock file
@@ -59,25 +61,29 @@ def test_a_finished_run_with_a_damaged_last_pt_is_refused_and_the_damaged_file_s
     assert snapshot(tmp_path) == before  # not moved aside: nothing is changed
 
 
-def test_a_finished_run_trains_on_to_more_epochs_from_the_copy_it_keeps(tmp_path):
-    """--resume RUN --epochs N: the stripped last.pt becomes the kept copy (with its optimizer) again, only once
-    the run is held; fewer epochs than trained, or a finished run without a kept copy, are refused."""
+def test_a_finished_run_trains_on_to_more_epochs_from_its_last_pt(tmp_path):
+    """--resume RUN --epochs N of a finished run: from last.pt, stripped by the end of training (its weights; the
+    training process gives it a new optimizer), changing nothing before the run is held; fewer epochs than trained are
+    refused. A run that still has a checkpoint of its last epoch with the optimizer (an end cut short, or a run of an
+    older rocm-yolo that kept last_good.pt) goes on from that one, which becomes last.pt again."""
     run = tmp_path / "runs" / "detect" / "train"
     paths = RunPaths(run)
     checkpoint(paths.last, -1)  # stripped by the end of training
-    before = snapshot(tmp_path)
-    with pytest.raises(UsageError, match="keeps no copy with its optimizer") as e:
-        prepare(resume=str(run), epochs=5)
-    assert f"--model {paths.last} epochs=5" in str(e.value) and snapshot(tmp_path) == before
-    checkpoint(paths.last_good, 2)  # the verified copy of the last epoch's save
+    paths.results.write_text("epoch,loss\n1,0.5\n2,0.4\n3,0.3\n")
     before = snapshot(tmp_path)
     for few in (2, 3):
         with pytest.raises(UsageError, match="already finished all 3 epochs"):
             prepare(resume=str(run), epochs=few)
     assert snapshot(tmp_path) == before
     spec = prepare(resume=str(run), epochs=5)
+    assert spec.resume == str(paths.last) and spec.train_args["epochs"] == 5
+    assert any("from epoch 3 to 5, from the weights of last.pt" in n and "a new one starts" in n for n in spec.notes)
+    assert paths.last.read_bytes() == before["runs/detect/train/weights/last.pt"][1]  # the trainer makes it resumable
+    ownership.release(spec.run_dir)
+    checkpoint(paths.last_good, 2)  # an older run's verified copy of its last epoch's save, with the optimizer
+    spec = prepare(resume=str(run), epochs=5)
     assert spec.resume == str(paths.last) and paths.last.read_bytes() == paths.last_good.read_bytes()
-    assert spec.train_args["epochs"] == 5 and any("from epoch 3 to 5" in n for n in spec.notes)
+    assert any("from epoch 3 to 5, from last_good.pt" in n for n in spec.notes)
     ownership.release(spec.run_dir)
 
 
