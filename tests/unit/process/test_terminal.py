@@ -60,3 +60,22 @@ def test_other_errors_are_the_callers_and_guarding_twice_is_guarding_once(monkey
     monkeypatch.setattr("sys.stdout", io.StringIO())
     first = terminal.guard("stdout")
     assert terminal.guard("stdout") is first
+
+
+def test_the_foreground_job_is_read_from_the_controlling_terminal():
+    """A process in a session of its own on a pseudo-terminal it controls is its foreground job; with no terminal
+    (a pipe), no answer."""
+    import subprocess
+    import sys
+
+    master, slave = os.openpty()
+    code = (
+        "import fcntl, os, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+        "from rocm_yolo.process.terminal import in_foreground; print(in_foreground((0,)), in_foreground((3,)))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], stdin=slave, capture_output=True, text=True, timeout=60, start_new_session=True
+    )
+    os.close(slave)
+    os.close(master)
+    assert r.stdout.split() == ["True", "None"], r.stderr
