@@ -89,6 +89,16 @@ def _replace(
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return _install(tmp, path, durable, accept)
+
+
+def _install(tmp: Path, path: Path, durable: bool, accept: Callable[[Path], bool] | None) -> bool:
+    """The finished temporary file ``tmp`` becomes ``path`` if ``accept(tmp)`` holds (else, or on any error, it is
+    removed); ``durable``: the directory fsynced after the rename. Whether it did."""
+    try:
         if accept is not None and not accept(tmp):
             tmp.unlink(missing_ok=True)
             return False
@@ -145,16 +155,7 @@ def link_atomic(src: str | os.PathLike, dst: str | os.PathLike, *, accept: Calla
         os.link(src, tmp)
     except OSError:
         return None
-    try:
-        if not accept(tmp):
-            tmp.unlink(missing_ok=True)
-            return False
-        os.replace(tmp, dst)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _sync_dir(dst.parent)
-    return True
+    return _install(tmp, dst, True, accept)
 
 
 def replace_durably(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
