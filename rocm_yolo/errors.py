@@ -70,7 +70,7 @@ def option(name: str, value: object = _UNSET) -> str:
     ``device='0,1'`` from Python; ``data``: DATA, or ``data=``; ``watchdog``: ``--no-watchdog``, or
     ``watchdog=False``. Without ``value``, the option alone (``--resume``, ``resume=``)."""
     if FROM_PYTHON.get():
-        if name == "watchdog":
+        if name == "watchdog" and value is _UNSET:
             return "watchdog=False"
         return f"{name}=" if value is _UNSET else f"{name}={python_value(value)}"
     if name == "data":

@@ -59,10 +59,11 @@ def check_model(model: str) -> None:
     path = Path(model).expanduser()
     suffix = path.suffix.lower()
     if suffix not in (".pt", ".yaml", ".yml"):
+        kind = "a directory" if path.is_dir() else f"a {suffix} file" if suffix else "a name without a suffix"
         raise UsageError(
-            f"{option('model', model)}: rocm-yolo trains a .pt checkpoint or a .yaml model definition, not "
-            f"{'a directory' if path.is_dir() else 'a ' + (suffix or 'file without a suffix') + ' file'} (Ultralytics "
-            "trains nothing else: exported models only predict and validate): give e.g. yolo26n.pt or yolo26n.yaml"
+            f"{option('model', model)}: rocm-yolo trains a .pt checkpoint or a .yaml model definition, not {kind} "
+            "(Ultralytics trains nothing else: exported models only predict and validate): give e.g. yolo26n.pt or "
+            "yolo26n.yaml"
         )
     found = path if path.exists() else next((d / model for d in _weights_dirs() if (d / model).exists()), None)
     if found is not None:

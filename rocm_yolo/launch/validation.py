@@ -9,6 +9,7 @@ user gave is known to be valid. Nothing here imports torch or Ultralytics.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,6 +127,19 @@ def _with_cfg_file(extra: dict, flags: dict, data: str | None) -> dict:
     return extra
 
 
+def _check_paths(request: TrainRequest) -> None:
+    """``project``, ``name``, ``data`` and ``model`` name files: text (from Python a number or a list is no path)."""
+    for key in ("data", "project", "name", "model"):
+        value = getattr(request, key)
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise UsageError(f"{option(key, value)}: give a path (text), e.g. {option(key, EXAMPLES[key])}")
+    if not isinstance(request.watchdog, bool):
+        raise UsageError(f"{option('watchdog', request.watchdog)}: give True or False")
+
+
+EXAMPLES = {"data": "data.yaml", "project": "runs/detect", "name": "exp1", "model": "yolo26n.pt"}
+
+
 def _check_profile_key(value: object) -> None:
     """``profile=`` is Ultralytics' own switch (True or False); a name there means rocm-yolo's ``--profile``."""
     if isinstance(value, bool):
@@ -240,6 +254,7 @@ def make_spec(request: TrainRequest) -> RunSpec:
     run's ``last.pt``), from which ``claim`` chooses the newest valid one.
     """
     nodes = request.nodes()  # more than one machine: the flags, else SLURM's variables
+    _check_paths(request)
     req = CheckedRequest.of(request)
     model_name = req.model_name(request.resuming)
     task = task_for_model(model_name) if model_name else None
@@ -306,7 +321,7 @@ def _finish(
 def _new_run(req: CheckedRequest, model: str, task: str, run_dir: Path, nodes: Nodes | None = None) -> RunSpec:
     if not req.data:
         raise UsageError(
-            "DATA is required: a dataset YAML (a directory of class folders for a classification model), "
+            f"{option('data')} is required: a dataset YAML (a directory of class folders for a classification model), "
             f"or 'demo' for the built-in demo set (or {option('resume', 'LAST_PT')})"
         )
     data_path, data_notes = resolve_data(req.data, task)

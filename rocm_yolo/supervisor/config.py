@@ -36,11 +36,10 @@ class WatchdogConfig:
     def __post_init__(self):
         if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
             raise UsageError(f"{option('max_restarts', self.max_restarts)}: give a number of restarts, 0 or more")
-        for value in (self.stall_timeout, self.startup_grace):
+        for key in ("stall_timeout", "startup_grace"):
+            value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise UsageError(
-                    f"{option('stall_timeout')} and {option('startup_grace')} must be > 0 seconds (a finite number)"
-                )
+                raise UsageError(f"{option(key, value)}: give a number of seconds > 0 (a finite number)")
         if self.notify is not None and not isinstance(self.notify, str):
             raise UsageError(f"notify={self.notify!r} must be a shell command (a string)")
 

@@ -72,11 +72,14 @@ def test_the_docstring_names_every_keyword_and_every_error_the_call_raises():
         ({"data": "demo", "name": "../x"}, "must stay inside project="),
         ({"data": "demo", "max_restarts": -1}, "max_restarts=-1"),
         ({"data": "demo", "fallback": ""}, "fallback= needs at least one profile"),
+        ({"data": "demo", "project": 123}, "project=123: give a path (text)"),
+        ({"data": "demo", "watchdog": "no"}, "watchdog='no': give True or False"),
+        ({"data": None}, "data= is required"),
     ],
 )
 def test_a_usage_error_from_python_names_the_keywords_not_the_flags(tmp_path, kwargs, keyword):
     with pytest.raises(UsageError) as caught:
-        rocm_yolo.train(project=str(tmp_path / "runs"), **kwargs)
+        rocm_yolo.train(**{"project": str(tmp_path / "runs"), **kwargs})
     message = str(caught.value)
     assert keyword in message and not re.search(r"(^|\s)--[a-z]", message), message
     assert not (tmp_path / "runs").exists()
