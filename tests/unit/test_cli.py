@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +157,20 @@ def test_done_counts_from_the_resumed_checkpoint_not_from_results_csv(tmp_path):
     assert ending.trained_before(SimpleNamespace(resume=str(mid), paths=spec.paths)) == 0  # inside epoch 1
     results.write_text("epoch,   train/box_loss\n" + "".join(f"{e},0.1\n" for e in (1, 2, 3, 4, 5, 6)))
     assert checkpoint.last_epoch(results) == 6 and checkpoint.last_epoch(tmp_path / "none.csv") == 0
+
+
+def test_help_says_what_the_code_does():
+    """Issue 43: --help named no start_method= and no exit code 141, called exit 4 'a GPU fault (not retried)' (a GPU
+    fault is retried once), and the description still said spawn-safe, as pyproject's did."""
+    import tomllib
+
+    from rocm_yolo.run.profiles import LOADER_SETTINGS
+
+    text = " ".join(cli_module.build_parser().commands["train"].format_help().split())
+    assert [k for k in LOADER_SETTINGS if f"{k}=" not in text] == []
+    codes = [errors.OK, errors.FAILED, errors.USAGE, errors.SETUP, errors.SAME_FAILURE, errors.INTERNAL]
+    codes += [errors.HANGUP, errors.INTERRUPTED, errors.TERMINATED, errors.PIPE_CLOSED]
+    assert [c for c in codes if str(c) not in text.split("exit codes:", 1)[1]] == []
+    assert "came back after its one retry" in text and "spawn-safe" not in text
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert "spawn" not in pyproject["project"]["description"]
