@@ -80,7 +80,7 @@ def start(run_dir: str | os.PathLike) -> str | None:
     imports = RunPaths(run_dir).forkserver_imports(rank())  # the datasets' modules, imported once by the server
     try:
         imports.parent.mkdir(parents=True, exist_ok=True)
-        imports.write_text("")
+        imports.unlink(missing_ok=True)  # a new server asks for every module again; no empty file left (issue 43)
         preimport.reset()
         os.environ[environment.FORKSERVER_IMPORTS] = str(imports)
     except OSError:
