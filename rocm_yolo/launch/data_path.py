@@ -45,7 +45,7 @@ def default_model(data: str | None) -> str:
 
 # The models of Ultralytics' assets release (ultralytics/assets), which it downloads by file name, even into a
 # directory given with it (downloads.attempt_download_asset): yolo*, yoloe-*, yolo_nas_*, sam*, FastSAM-*,
-# rtdetr-*, mobile_sam.
+# rtdetr-*, mobile_sam; a name of that kind must be in its list of them (config.asset_names), where it can be read.
 ASSET_PREFIXES = ("yolo", "sam", "fastsam", "rtdetr", "mobile")
 
 
@@ -79,7 +79,15 @@ def check_model(model: str) -> None:
             )
         return
     if path.name.lower().startswith(ASSET_PREFIXES):
-        return
+        known = ucfg.asset_names()
+        if known is None or _asset_name(path.name) in known:
+            return  # Ultralytics downloads it (where its list cannot be read, the name decides)
+        close = difflib.get_close_matches(path.name, sorted(known), n=1, cutoff=0.8)
+        raise UsageError(
+            f"{option('model', model)}: no such file, and no model Ultralytics downloads by that name"
+            f"{f' (did you mean {close[0]}?)' if close else ''}: give the path of a .pt checkpoint, or an Ultralytics "
+            "model to download (e.g. yolo26n.pt) or to build from its config (e.g. yolo26n.yaml)"
+        )
     raise UsageError(
         f"{option('model', model)}: no such file{near(path)}: give the path of a .pt checkpoint, or an Ultralytics "
         "model to download (e.g. yolo26n.pt) or to build from its config (e.g. yolo26n.yaml)"
@@ -105,6 +113,16 @@ def model_problem(path: Path) -> str | None:
     if isinstance(cfg, dict) and ("names" in cfg or "train" in cfg):
         return f"a dataset YAML, not a model definition: pass it as the data ({option('data', path)})"
     return "no model definition (a model YAML has backbone: and head:): give e.g. yolo26n.yaml or yolo26n.pt"
+
+
+def _asset_name(name: str) -> str:
+    """The asset Ultralytics downloads for ``name``: YOLOv3/v5 names become their 'u' models
+    (``checks.check_yolov5u_filename``: ``yolov5n.pt`` -> ``yolov5nu.pt``)."""
+    if ("yolov3" in name or "yolov5" in name) and name.endswith(".pt") and "u" not in name:
+        name = re.sub(r"(.*yolov5([nsmlx]))\.pt", "\\1u.pt", name)
+        name = re.sub(r"(.*yolov5([nsmlx])6)\.pt", "\\1u.pt", name)
+        name = re.sub(r"(.*yolov3(|-tiny|-spp))\.pt", "\\1u.pt", name)
+    return name
 
 
 def _ultralytics_yaml(model: str) -> bool:

@@ -78,6 +78,13 @@ def test_a_file_that_is_no_model_is_refused_before_anything_starts(cli, tmp_path
     assert said in line and "yolo26n" in line and "ERROR" not in line
 
 
+def test_a_misspelt_model_name_is_not_downloaded(cli, tmp_path, tiny_data):
+    """A name of Ultralytics' kind that is not among the models it downloads (its own list): refused here, offline or
+    not, not after a training process tried to download it."""
+    line = refused(cli, tmp_path, "train", str(tiny_data), "--model", "yolo26q.pt", *NO_MODEL)
+    assert "--model yolo26q.pt: no such file, and no model Ultralytics downloads by that name" in line
+
+
 @pytest.mark.parametrize("device", ["7", "2", "0,1,2"])
 def test_a_gpu_the_machine_does_not_have_is_refused_as_a_list_is(cli, tmp_path, tiny_data, device):
     """On a machine of two GPUs (the seam's KFD topology, read as rocm-yolo reads an AMD machine's): one id is checked

@@ -24,6 +24,7 @@ from rocm_yolo.launch.data_path import check_model
         "yolo26n.yaml",  # built from Ultralytics' config (yolo26.yaml at scale n)
         "yolo26s-cls.yaml",
         "yolov8n6.yaml",  # renamed yolov8n-p6.yaml by Ultralytics
+        "yolov5n.pt",  # downloaded as yolov5nu.pt
         "https://example.com/models/best.pt",  # downloaded
     ],
 )
@@ -39,6 +40,7 @@ def test_what_ultralytics_finds_or_downloads_is_left_to_it(model):
         ("best.pt", "no such file"),
         ("/nope.yaml", "no such model YAML, here or among Ultralytics' own"),
         ("my-net.yaml", "no such model YAML"),
+        ("yolo26q.pt", "no such file, and no model Ultralytics downloads by that name (did you mean yolo26"),
     ],
 )
 def test_a_model_that_is_not_there_is_refused_in_one_line(model, why):
