@@ -45,10 +45,13 @@ def check_name(name: str) -> str:
     return name
 
 
-def check_devices(device: object, batch: object, batch_source: str = "given", nodes: Nodes | None = None) -> None:
+def check_devices(
+    device: object, batch: object, batch_source: str = "given", nodes: Nodes | None = None, *, the_runs: bool = False
+) -> None:
     """A device Ultralytics trains on, GPUs the machine has, each named once, and on several (one DDP rank each, on
     each of ``nodes``) a batch that divides by their number: the batch given, Ultralytics' default, or on a resume the
-    run's own (``batch_source``; a resume keeps its run's global batch, None: unknown)."""
+    run's own (``batch_source``; a resume keeps its run's global batch, None: unknown). ``the_runs``: the device is
+    the resumed run's own, not one the user gave."""
     why = devices.check_list(device) or devices.check_kind(device)
     if why is not None:
         raise UsageError(why)
@@ -69,10 +72,10 @@ def check_devices(device: object, batch: object, batch_source: str = "given", no
     why = devices.check_batch(batch, ids, batch_source, count) if batch is not None else None
     if why is not None:
         raise UsageError(why)
-    _check_gpus_exist(device, ids)
+    _check_gpus_exist(device, ids, the_runs)
 
 
-def _check_gpus_exist(device: object, ids: list[str]) -> None:
+def _check_gpus_exist(device: object, ids: list[str], the_runs: bool = False) -> None:
     """Every GPU id names a GPU this machine shows a run, one id as several: the KFD topology, else none where no GPU
     runtime has a device file here, else a bounded probe of torch; nothing is refused when none of them can tell."""
     if not ids:
@@ -80,6 +83,11 @@ def _check_gpus_exist(device: object, ids: list[str]) -> None:
     visible = gpu_count.visible_gpus()
     if visible is None or max(int(i) for i in ids) < visible:
         return
+    if the_runs:  # a resume on the run's own GPUs, which this machine does not have
+        raise UsageError(
+            f"the run trained on device {device}, and this machine shows {visible or 'no'} GPU(s) to a run: resume "
+            f"on the GPUs it has with {option('device', 'cpu' if not visible else '0')}"
+        )
     if visible == 0:
         why = (
             "torch sees none"
@@ -290,7 +298,8 @@ def _finish(
         batch, source = train_args.get("batch"), "given"
     else:
         batch, source = (saved or {}).get("batch"), ("run" if resume is not None else "default")
-    check_devices(train_args.get("device"), batch, source, nodes)
+    the_runs = resume is not None and req.flags["device"] is None and "device" not in req.extra
+    check_devices(train_args.get("device"), batch, source, nodes, the_runs=the_runs)
     effective = {**(saved or {}), **train_args}  # what Ultralytics trains with (a resume: the run's, changed)
     if ram_cache.wants_ram(effective) and task is not None:
         imgsz = int(effective.get("imgsz") or ucfg.default("imgsz"))

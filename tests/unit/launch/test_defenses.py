@@ -232,3 +232,23 @@ def test_a_plain_zip_is_no_checkpoint_to_resume(tmp_path):
         z.writestr("notes.txt", "hello")
     with pytest.raises(UsageError, match="no data.pkl"):
         prepare(resume=str(last))
+
+
+def test_a_resume_on_gpus_the_machine_does_not_have_names_the_runs_device(tmp_path, monkeypatch):
+    """The run trained on GPU 3; resumed where the machine shows two: the line says it is the run's device (the user
+    gave none), and how to resume on what this machine has."""
+    from helpers import kfd_tree
+
+    monkeypatch.setenv("ROCM_YOLO_KFD_ROOT", str(kfd_tree(tmp_path / "kfd", 110000, 110000)))
+    for var in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    paths = RunPaths(tmp_path / "runs" / "detect" / "train")
+    fake_checkpoint(paths.last, pickle.dumps({"epoch": 0, "train_args": {"epochs": 3, "device": "3", "batch": 4}}))
+    before = snapshot(tmp_path / "runs")
+    with pytest.raises(UsageError) as caught:
+        prepare(resume=str(paths.last))
+    assert str(caught.value) == (
+        "the run trained on device 3, and this machine shows 2 GPU(s) to a run: resume on the GPUs it has with "
+        "--device 0"
+    )
+    assert snapshot(tmp_path / "runs") == before
