@@ -86,7 +86,8 @@ def hang_round(a, data: Path, root: Path, stall: float, rnd: int) -> dict:
             f"hang run {name}: exit {code}, fault fired {fired.exists()}, events "
             f"{[e['event'] for e in evs]}; log {log}:\n{log.read_text(errors='replace')[-2000:]}"
         )
-    hung, detected, restarted = fired.stat().st_mtime, hang["time"], restart["time"]
+    # the hang event's time is when its diagnosis is said (after the stack dump and the kill); its notice: "detected"
+    hung, detected, restarted = fired.stat().st_mtime, hang.get("detected", hang["time"]), restart["time"]
     batch = next((e["time"] for e in evs if e["event"] == "workers" and e["time"] > restarted), None)
     text = (run / "rocm-yolo.log").read_text(errors="replace") if (run / "rocm-yolo.log").exists() else ""
     timeout = re.search(r"\(timeout (\d+) s\)", text)
@@ -167,8 +168,9 @@ def report(a, hangs: dict, hb: dict, batch_s: float | None) -> list[str]:
             )
         lines += [
             "",
-            "detected -> restart: stack dump of the tree and its kill; restart -> first batch: a new "
-            "training process, resume from last.pt, fresh spawn workers (profile 'safe').",
+            "hang -> detected: to the hang event's notice (its detected field); detected -> restart: stack dump of "
+            "the tree, its kill and the diagnosis; restart -> first batch: a new training process, resume from "
+            "last.pt, fresh workers from the fork server (profile 'safe').",
             "",
         ]
     per_write, per_call = hb["per_write"], hb["per_call"]

@@ -392,12 +392,13 @@ def hang_so_far(run: Path, fault: str) -> str:
     hang = next((e for e in evs if e["event"] == "hang"), None)
     if hang is None:
         return "the hang was not detected yet"
-    said = f"detected {hang['time'] - hung:.1f} s after the hang"
+    detected = hang.get("detected", hang["time"])  # the event's time is when its diagnosis is said
+    said = f"detected {detected - hung:.1f} s after the hang"
     restart = next((e for e in evs if e["event"] == "restart" and e["time"] >= hang["time"]), None)
     if restart is None:
         return said + ", not restarted yet"
     batch = next((e for e in evs if e["event"] == "workers" and e["time"] > restart["time"]), None)
-    said += f", restarted {restart['time'] - hang['time']:.1f} s later"
+    said += f", restarted {restart['time'] - detected:.1f} s later (stacks dumped, tree killed, diagnosed)"
     return said + (f", training again {batch['time'] - hung:.1f} s after the hang" if batch else ", no batch since")
 
 
@@ -458,7 +459,8 @@ def hang_recovery(ctx: Acceptance, n: int, device: str, fault: str) -> list[str]
         f"`ROCM_YOLO_FAULT={fault}` ({what}), `--stall-timeout "
         f"{s.stall}`, {s.small} train images, batch {batch}, {workers} workers; seconds:",
         "",
-        "| hang → detected | detected → restarted | restarted → first batch | hang → training again "
+        "| hang → detected | detected → restarted (stacks dumped, tree killed, diagnosed) | restarted → first batch "
+        "| hang → training again "
         "| batches trained again | class | resumed from |",
         "| --- | --- | --- | --- | --- | --- | --- |",
         f"| {sec(out['detect'])} | {sec(out['restart'])} | {sec(out['first_batch'])} | {sec(out['total'])} "

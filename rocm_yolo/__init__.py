@@ -13,7 +13,7 @@ and :mod:`.status`; the bottom of the house: :mod:`.environment` (every variable
 
 from rocm_yolo.version import __version__
 
-__all__ = ["train", "UsageError", "__version__"]
+__all__ = ["train", "UsageError", "SetupError", "__version__"]
 
 
 class _Checkout:
@@ -55,8 +55,8 @@ def __getattr__(name):  # PEP 562: keep `import rocm_yolo` light (spawned worker
         from rocm_yolo.api import train
 
         return train
-    if name == "UsageError":
-        from rocm_yolo.errors import UsageError
+    if name in ("UsageError", "SetupError"):  # what rocm_yolo.train raises before anything starts
+        from rocm_yolo import errors
 
-        return UsageError
+        return getattr(errors, name)
     raise AttributeError(f"module 'rocm_yolo' has no attribute {name!r}")

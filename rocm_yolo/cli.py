@@ -10,7 +10,6 @@ import argparse
 import difflib
 import os
 import sys
-from pathlib import Path
 
 from rocm_yolo import errors, triage
 from rocm_yolo.errors import UsageError
@@ -29,15 +28,18 @@ class Parser(argparse.ArgumentParser):
 
 def _add_train(sub) -> None:
     from rocm_yolo.launch.train_request import add_arguments
+    from rocm_yolo.run.profiles import LOADER_SETTINGS
 
     p = sub.add_parser(
         "train",
-        help="train a YOLO model (safe DataLoaders, profiles, watchdog, resume)",
-        description="Run Ultralytics training in a fresh child process with spawn-safe DataLoaders, "
-        "under a watchdog that restarts a hung run from last.pt on a safer profile.",
+        help="train a YOLO model (DataLoader workers from a fork server, profiles, watchdog, resume)",
+        description="Run Ultralytics training in a child process of its own, whose DataLoader workers fork from a "
+        "preloaded fork server that never touched the GPU, under a watchdog that finds what failed and restarts "
+        "from the newest checkpoint (mid-epoch or last.pt): on a safer loader profile after a loader hang, on the "
+        "same one after a GPU fault.",
         epilog=EPILOG + ". Any other Ultralytics train argument goes as KEY=VALUE (e.g. lr0=0.01 cache=ram); "
-        "loader settings too: persistent_workers=, prefetch_factor=, pin_memory=, timeout=, val_workers=, "
-        "threads= (loader threads of --profile threads).",
+        f"loader settings too: {', '.join(k + '=' for k in LOADER_SETTINGS)} (start_method=: forkserver, spawn or "
+        "fork; threads=: the loader threads of --profile threads).",
     )
     add_arguments(p)
 
@@ -82,11 +84,11 @@ def cmd_train(args, extra: list[str]) -> int:
     request = launch.TrainRequest.from_args(args, extra)
     config = request.watchdog_config()  # its errors before anything is claimed
     spec = launch.prepare(request)
-    trained_before = _trained_before(spec)
-    result = launch.supervise(spec, config, user_resume=request.resuming)
-    _say_how_it_ended(result, trained_before)
+    result = launch.supervise(spec, config, user_resume=request.resuming)  # it says how the run ended
     if request.data == "demo" and result.exit_code == errors.OK:
-        _say(DEMO_NEXT)
+        from rocm_yolo.run.events import show
+
+        show(DEMO_NEXT + "\n")
     return result.exit_code
 
 
@@ -97,67 +99,6 @@ that training, validation and checkpoints work on this machine. Next:
   rocm-yolo status                             the newest run's progress and health, also while it trains
   rocm-yolo train --resume                     continue the newest stopped run where it stopped
   rocm-yolo doctor data.yaml                   check this machine and a data set before spending GPU hours"""
-
-
-def _say_how_it_ended(result, trained_before: int = 0) -> None:
-    from rocm_yolo.run.supervisor_state import State
-
-    paths = result.paths
-    if result.state == State.FINISHED:
-        epochs = _last_epoch(paths.results)
-        trained = f"{epochs} epoch{'s' if epochs != 1 else ''}"
-        if 0 < trained_before < epochs:  # a resume: the epochs of this run, not the run's whole count
-            trained = f"epochs {trained_before + 1}-{epochs}" if epochs > trained_before + 1 else f"epoch {epochs}"
-        retrained = sum(r.retrained_batches or 0 for r in result.recoveries)
-        extra = (
-            f", {result.restarts} restart(s) ({retrained:,} batches trained again), "
-            f"{result.lost_seconds:.0f} s lost to hangs"
-            if result.restarts
-            else ""
-        )
-        _say(
-            f"rocm-yolo: done: {trained} in {result.running_seconds:.1f} s{extra}; "  # time stopped by Ctrl-Z: none
-            f"weights: {paths.last} and {paths.best}"
-        )
-    elif result.state == State.FAILED and result.detail is None:  # a detail: said already, in the child's line
-        why = f" (exit {result.exit_code}: {result.verdict[0]})" if result.verdict else ""
-        _say(f"rocm-yolo: failed after {result.restarts} restart(s){why}; see {paths.log}")
-
-
-def _say(text: str) -> None:
-    """A line on stderr after the run, behind what a paused terminal has not shown yet (it is shown at exit); a
-    terminal gone meanwhile drops it (the run's log has the run's end)."""
-    from rocm_yolo.run.events import show
-
-    show(text + "\n")
-
-
-def _trained_before(spec) -> int:
-    """The epochs a resume starts after: its checkpoint's completed epochs (results.csv may hold rows the checkpoint
-    does not, e.g. after a fall back to the verified copy; the resume trims them)."""
-    if not spec.resume:
-        return 0
-    from rocm_yolo.ultralytics_rules.checkpoint import summary
-
-    found = summary(spec.resume)
-    if found is not None and found.epoch is not None and (found.epoch >= 0 or found.mid_epoch):
-        return found.epoch + 1  # a mid-epoch checkpoint's: the epochs before the one in progress (0 in epoch 1)
-    return _last_epoch(spec.paths.results)  # a stripped checkpoint's -1: no count
-
-
-def _last_epoch(csv: Path) -> int:
-    """The epoch of results.csv's last row (1-based), 0 without one."""
-    try:
-        rows = csv.read_text().strip().splitlines()
-    except OSError:
-        return 0
-    if len(rows) < 2:
-        return 0
-    header = [c.strip() for c in rows[0].split(",")]
-    try:
-        return int(float(rows[-1].split(",")[header.index("epoch")]))
-    except (ValueError, IndexError):
-        return len(rows) - 1
 
 
 def cmd_status(args) -> int:

@@ -24,9 +24,12 @@ This module is imported by every process and imports nothing of rocm-yolo's but
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import sys
 import time
 import traceback
+from contextvars import ContextVar
 from pathlib import Path
 
 # --------------------------------------------------------------------------- exit codes
@@ -48,13 +51,66 @@ NODES_MISSING = 6  # more than one machine: a node did not come to the rendezvou
 REGROUP = 7  # more than one machine: a node waits in a later round; this node's ranks stopped to meet it there
 
 HELP = (
-    "exit codes: 0 done; 1 failed after retries or a training error; 2 usage error; "
-    "4 environment/setup error, a GPU fault or GPU out of memory (not retried); 5 the same failure twice at the "
-    "same place; 123 internal error (a rocm-yolo bug); "
-    "129/130/143 stopped by SIGHUP/Ctrl-C/SIGTERM"
+    "exit codes: 0 done; 1 failed after the allowed restarts; 2 usage error (nothing started); "
+    "4 environment error (not retried), a GPU fault, GPU hang or hung collective that came back after its one retry, "
+    "GPU out of memory, host out of memory twice at the same place; 5 the same failure twice at the same place; "
+    "123 internal error (a rocm-yolo bug); 129/130/143 stopped by SIGHUP/Ctrl-C/SIGTERM; 141 the reader of the "
+    "output went away"
 )
 
 REPORT_MODE = 0o640  # a report of a failure: the user's group may read it, no one else
+
+# --------------------------------------------------------------------------- the user's own words
+
+# Whether the user called rocm_yolo.train (messages and advice in Python: ``model=``, ``rocm_yolo.train(resume=...)``)
+# or rocm-yolo (the command line: ``--model``, ``rocm-yolo train --resume ...``): set by rocm_yolo.api.train.
+FROM_PYTHON: ContextVar[bool] = ContextVar("rocm_yolo_from_python", default=False)
+_UNSET = object()
+_PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*(?:[,:.][A-Z0-9_]+)*(?:,\.\.\.)?")  # N, LAST_PT, HOST:PORT, P1,P2,...
+
+
+def option(name: str, value: object = _UNSET) -> str:
+    """An option of ``rocm-yolo train`` named as the user gives it: ``--device 0,1`` on the command line,
+    ``device='0,1'`` from Python; ``data``: DATA, or ``data=``; ``watchdog``: ``--no-watchdog``, or
+    ``watchdog=False``. Without ``value``, the option alone (``--resume``, ``resume=``)."""
+    if FROM_PYTHON.get():
+        if name == "watchdog" and value is _UNSET:
+            return "watchdog=False"
+        return f"{name}=" if value is _UNSET else f"{name}={python_value(value)}"
+    if name == "data":
+        return "DATA" if value is _UNSET else shell_word(value)
+    flag = "--no-watchdog" if name == "watchdog" else "--" + name.replace("_", "-")
+    return flag if value is _UNSET else f"{flag} {shell_word(value)}"
+
+
+def shell_word(value: object) -> str:
+    """``value`` as one word a shell reads back as it is (``shlex.quote``): a run named ``$(...)`` in an advice line
+    the user copies runs nothing; a placeholder (``N``, ``LAST_PT``, ``HOST:PORT``) as it is."""
+    text = str(value)
+    return text if _PLACEHOLDER.fullmatch(text) else shlex.quote(text)
+
+
+def python_value(value: object) -> str:
+    """``value`` as a keyword's value in Python: ``'runs/detect/train'``, ``8``, ``True``; a placeholder (``N``,
+    ``LAST_PT``) as it is."""
+    if isinstance(value, str) and _PLACEHOLDER.fullmatch(value):
+        return value
+    return repr(str(value)) if isinstance(value, os.PathLike) else repr(value)
+
+
+def command(data: object = None, **options: object) -> str:
+    """A call of ``rocm-yolo train`` as the user would type it: ``rocm-yolo train --resume RUN --epochs N`` on the
+    command line, ``rocm_yolo.train(resume='RUN', epochs=N)`` from Python. ``options``: rocm-yolo's own options
+    (flags on the command line) and, after ``keys=``, Ultralytics arguments (KEY=VALUE on the command line)."""
+    keys = options.pop("keys", None) or {}
+    if FROM_PYTHON.get():
+        args = ([python_value(data)] if data is not None else []) + [
+            f"{k}={python_value(v)}" for k, v in {**options, **keys}.items()
+        ]
+        return f"rocm_yolo.train({', '.join(args)})"
+    args = ([shell_word(data)] if data is not None else []) + [option(k, v) for k, v in options.items()]
+    return " ".join(["rocm-yolo train", *args, *(shell_word(f"{k}={v}") for k, v in keys.items())])
+
 
 # --------------------------------------------------------------------------- error classes
 

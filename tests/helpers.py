@@ -81,8 +81,43 @@ class Cli:
     def leftovers(self, settle: float = 5.0) -> list[psutil.Process]:
         return self.tagged.leftovers(settle)
 
+    def refused(self, *args: str, env: dict | None = None, python: str | None = None, timeout: float = 120):
+        """Run the CLI (or, with ``python``, that code in a Python process) and watch it to its end: its result, and
+        the command line of every process it started meanwhile (polled every few milliseconds: a training child,
+        which imports torch, lives for seconds)."""
+        if python is None:
+            proc = self.start(*args, env=env)
+        else:
+            self.runs += 1
+            self.output = self.cwd / f"py-{self.tag[:8]}-{self.runs}.out"
+            with open(self.output, "w") as out:
+                proc = self.tagged.start([sys.executable, "-c", python], cwd=self.cwd, output=out, extra=env)
+        children = started_by(proc, timeout)
+        return self.wait(proc, timeout), children
+
     def kill_all(self) -> None:
         self.tagged.kill(wait=0)
+
+
+def started_by(proc: subprocess.Popen, timeout: float) -> list[str]:
+    """The command lines of the processes ``proc`` starts until it ends (or ``timeout`` passes)."""
+    seen: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        parent = psutil.Process(proc.pid)
+    except psutil.NoSuchProcess:
+        return []
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            for child in parent.children(recursive=True):
+                try:
+                    seen.setdefault(child.pid, " ".join(child.cmdline()) or child.name())
+                except psutil.Error:
+                    seen.setdefault(child.pid, "(gone before it could be read)")
+        except psutil.Error:
+            break
+        time.sleep(0.005)
+    return list(seen.values())
 
 
 def request(data: str | None = None, **kwargs) -> TrainRequest:

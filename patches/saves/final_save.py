@@ -8,7 +8,10 @@ well-formed archive lacking some tensor records, with no copy of ``best.pt`` any
 
 The patch is one module global, ``ultralytics.engine.trainer.strip_optimizer`` (the name
 ``final_eval`` calls): the same function, saving into a temporary file beside the target,
-fsynced and renamed over it. A stop leaves the old file or the new one, both loadable.
+fsynced and renamed over it. A stop leaves the old file or the new one, both loadable. ``last.pt``
+keeps three numbers the strip would drop (:func:`kept_for_training_on`: the best fitness, the
+early-stopping state, the EMA's update count), from which ``--resume RUN --epochs N`` trains the
+finished run on; its optimizer goes, as Ultralytics strips it.
 :func:`install` is idempotent; :func:`uninstall` puts the original back.
 """
 
@@ -40,6 +43,8 @@ def _atomic_strip(current, paths: RunPaths):
     def strip_optimizer(f="best.pt", s="", updates=None):
         target = Path(s or f)
         tmp = temporary(target)
+        if Path(f) == paths.last:  # what training the run on needs besides the weights (a few numbers)
+            updates = {**kept_for_training_on(f), **(updates or {})}
         try:
             os.close(create_temporary(tmp))  # made anew (a link planted under its name goes), then torch.save fills it
             with uninterrupted():  # a stop during the rewrite waits for it
@@ -55,6 +60,31 @@ def _atomic_strip(current, paths: RunPaths):
         return result
 
     return strip_optimizer
+
+
+KEPT = ("best_fitness", "stopper", "updates")  # of the keys strip_optimizer sets to None: a few numbers
+
+
+def kept_for_training_on(f) -> dict:
+    """Of ``last.pt``'s keys the strip sets to None, those ``--resume RUN --epochs N`` trains the run on with: the best
+    fitness (so that ``best.pt`` is replaced only by a better epoch), the early-stopping state and the EMA's update
+    count. The optimizer goes, as Ultralytics strips it. {} where they cannot be read (the strip says why)."""
+    try:
+        import torch
+
+        ckpt = torch.load(f, map_location="cpu", weights_only=False)  # Ultralytics' own file, as it loads it
+    except Exception:  # noqa: BLE001 - the strip itself reads the file next and says what is wrong with it
+        return {}
+    if not isinstance(ckpt, dict):
+        return {}
+    out = {}
+    for key in KEPT:
+        value = ckpt.get(key)
+        if key == "stopper" and isinstance(value, dict):
+            out[key] = {k: float(v) if hasattr(v, "item") else v for k, v in value.items()}
+        elif value is not None and hasattr(value, "__float__"):
+            out[key] = int(value) if key == "updates" else float(value)
+    return out
 
 
 @contextlib.contextmanager

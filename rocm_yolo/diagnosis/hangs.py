@@ -28,11 +28,25 @@ _STOPPED = re.compile(r"^===== pid (\d+) \((\w+), (?:stopped|tracing-stop)\)", r
 _HIP_NATIVE = re.compile(r"\b(hip[A-Z]\w+|hsa_\w+|hsaKmt\w+|rocr::[\w:]+)")
 _THREAD_HEAD = re.compile(r"^Thread \S+[^\n]*$", re.M)  # py-spy's "Thread 0x7f.. (idle): "MainThread"", gdb's
 _COLLECTIVES = re.compile(r"^(all_reduce|barrier|broadcast|all_gather\w*|reduce_scatter\w*|reduce|wait|backward)$")
-WHY = "the stacks of the hung processes (faulthandler, py-spy)"
 THREADS_WHY = (
     "the kernel's view of the trainer's main thread (/proc/PID/task/TID: stat, wchan, syscall; Linux "
     "Documentation/filesystems/proc.rst)"
 )
+_PY_SPY_RAN = "--- py-spy dump --native (exit 0)"  # tree.dump_stacks's heading of a dump py-spy made
+
+
+def why(stacks: str) -> str:
+    """What the stacks were read with, as far as it was used: faulthandler where a process wrote its threads, py-spy
+    where it was installed and dumped a process (never a tool that was not there or did not answer)."""
+    used = [
+        tool
+        for tool, ran in (
+            ("faulthandler", any(threads(text) for _, _, text in sections(stacks))),
+            ("py-spy", _PY_SPY_RAN in stacks),
+        )
+        if ran
+    ]
+    return f"the stacks of the hung processes ({', '.join(used)})" if used else "the hung processes as listed"
 
 
 def sections(stacks: str) -> list[tuple[int, str, str]]:
@@ -90,8 +104,8 @@ def where(frames) -> str:
     return f"{frames[0][1]} ({frames[0][0].rsplit('/', 2)[-1]})" if frames else "no Python stack"
 
 
-def _d(cls: str, title: str, signature: str, evidence: tuple[str, ...]) -> Diagnosis:
-    return Diagnosis(cls, title, signature, evidence, why=WHY)
+def _d(cls: str, title: str, signature: str, evidence: tuple[str, ...], read: str) -> Diagnosis:
+    return Diagnosis(cls, title, signature, evidence, why=read)
 
 
 def from_stacks(stacks: str, *, multi_gpu: bool, on_gpu: bool) -> Diagnosis | None:
@@ -102,6 +116,7 @@ def from_stacks(stacks: str, *, multi_gpu: bool, on_gpu: bool) -> Diagnosis | No
         title = f"hang: a process of the run was stopped by a signal (SIGSTOP or SIGTSTP from outside: {named})"
         return Diagnosis(UNKNOWN, title, "", (title,), why="the processes' states when the stacks were read")
     parts = sections(stacks)
+    read = why(stacks)
     trainers = [(pid, text) for pid, role, text in parts if role in ("trainer", "rank")]
     ranks = [(pid, text) for pid, role, text in parts if role == "rank"]
     mains = {pid: main_thread(text) for pid, text in (ranks or trainers)}
@@ -113,6 +128,7 @@ def from_stacks(stacks: str, *, multi_gpu: bool, on_gpu: bool) -> Diagnosis | No
                 "DataLoader hang (the trainer waits for a batch that never comes)",
                 f"{LOADER}: hang in {frames[0][1]}",
                 (f"trainer pid {pid} waits in {where(frames)}", *(f"worker {s}" for s in stuck[:4])),
+                read,
             )
     if multi_gpu and len(ranks) > 1 and all(_in_collective(f) for f in mains.values()):
         return _d(
@@ -120,10 +136,11 @@ def from_stacks(stacks: str, *, multi_gpu: bool, on_gpu: bool) -> Diagnosis | No
             "collective hang between the GPUs (every rank waits in a collective)",
             f"{COLLECTIVE}: hang",
             tuple(f"rank pid {pid} waits in {where(f)}" for pid, f in mains.items()),
+            read,
         )
     outside = [pid for pid, f in mains.items() if not _in_torch(f) and not _in_collective(f)]
     if len(ranks) > 1 and 0 < len(outside) < len(mains):  # one rank stuck in Python: the others wait for it
-        return rank_stuck(mains)
+        return rank_stuck(mains, read)
     stuck = {pid: f for pid, f in mains.items() if _in_torch(f)}
     if on_gpu and stuck:
         pid, frames = next(iter(stuck.items()))
@@ -132,15 +149,15 @@ def from_stacks(stacks: str, *, multi_gpu: bool, on_gpu: bool) -> Diagnosis | No
             f"main-process hang inside GPU work (in {frames[0][1]})",
             f"{GPU_HANG}: stuck in {frames[0][1]}",
             (f"trainer pid {pid} stuck in {where(frames)}",),
+            read,
         )
     native = [(pid, m[0]) for pid, text in trainers for m in [_HIP_NATIVE.search(_py_spy(text))] if m]
     if on_gpu and native:
         pid, call = native[0]
-        return _d(
-            GPU_HANG, f"main-process hang inside GPU work (in {call})", f"{GPU_HANG}: stuck in {call}", (f"pid {pid}",)
-        )
+        title = f"main-process hang inside GPU work (in {call})"
+        return _d(GPU_HANG, title, f"{GPU_HANG}: stuck in {call}", (f"pid {pid}",), read)
     if len(ranks) > 1:
-        return rank_stuck(mains)
+        return rank_stuck(mains, read)
     return None
 
 
@@ -157,6 +174,7 @@ def from_traceback(text: str) -> Diagnosis | None:
             "DataLoader hang (the trainer waits for a batch that never comes)",
             f"{LOADER}: hang in {frames[0][1]}",
             (f"the trainer waits in {where(frames)}",),
+            "the trainer's traceback",
         )
     return None
 
@@ -183,14 +201,14 @@ def from_native(text: str) -> Diagnosis | None:
     return Diagnosis(GPU_HANG, title, f"{GPU_HANG}: waits for a signal", (line,), why=why)
 
 
-def rank_stuck(mains: dict) -> Diagnosis:
+def rank_stuck(mains: dict, read: str) -> Diagnosis:
     """On several GPUs: the rank stuck outside torch and its collectives is the one the others wait for."""
     outside = ((p, f) for p, f in mains.items() if not _in_torch(f) and not _in_collective(f))
     pid, frames = next(
         outside, next(((p, f) for p, f in mains.items() if not _in_collective(f)), next(iter(mains.items())))
     )
     title = f"hang (rank pid {pid} in {where(frames)}; the other ranks wait for it)"
-    return _d(UNKNOWN, title, f"{UNKNOWN}: hang in {frames[0][1] if frames else '?'}", (title,))
+    return _d(UNKNOWN, title, f"{UNKNOWN}: hang in {frames[0][1] if frames else '?'}", (title,), read)
 
 
 def _mains(threads: tuple[ThreadView, ...]) -> list[ThreadView]:
@@ -231,4 +249,4 @@ def nowhere(stacks: str, threads: tuple[ThreadView, ...] = ()) -> Diagnosis:
     kernel = next(iter(_mains(threads)), None)
     waits = f"; the kernel: {kernel.line()}" if kernel else ""
     title = f"hang (the trainer in {where(frames)}{waits})"
-    return _d(UNKNOWN, title, f"{UNKNOWN}: hang in {frames[0][1]}" if frames else "", (title,))
+    return _d(UNKNOWN, title, f"{UNKNOWN}: hang in {frames[0][1]}" if frames else "", (title,), why(stacks))

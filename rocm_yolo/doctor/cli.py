@@ -141,6 +141,11 @@ class DoctorRequest:
         root = Path(self.root or "/")
         if not root.is_dir():
             raise UsageError(f"--root {root}: not a directory")
+        if self.rocm_path and not Path(self.rocm_path).expanduser().is_dir():
+            raise UsageError(
+                f"--rocm-path {self.rocm_path}: no such directory: give where ROCm is installed (e.g. /opt/rocm), or "
+                "leave it out ($ROCM_PATH, else /opt/rocm)"
+            )
         return Options(
             data=self._data(),
             task=self.task,
@@ -168,7 +173,16 @@ class DoctorRequest:
 
             return write_demo()
         if not data.exists():
-            raise UsageError(f"data file not found: {self.data}")
+            from rocm_yolo.launch.data_path import near, shipped_dataset
+
+            why = (
+                f"{self.data} is a data set Ultralytics downloads by name when a training starts, and the doctor "
+                "checks data on disk: give the path of its download"
+                if shipped_dataset(self.data)
+                else "give the path of the dataset YAML you will train on (a directory of class folders for "
+                "classification), or 'demo'"
+            )
+            raise UsageError(f"data file not found: {self.data}{near(data)}: {why}")
         return data
 
 

@@ -24,7 +24,7 @@ from typing import Iterator
 from rocm_yolo.doctor.loader_probe import check_loader, loader_skipped
 from rocm_yolo.doctor.report import FAIL, OK, WARN, Options, Row, plural
 from rocm_yolo.ultralytics_rules.data.classify import classify_images, load_classify_spec
-from rocm_yolo.ultralytics_rules.data.datasets import DataError, image_files, label_path, load_spec
+from rocm_yolo.ultralytics_rules.data.datasets import DataError, detection_layout, image_files, label_path, load_spec
 from rocm_yolo.ultralytics_rules.data.labels import LabelFormat, check_image, check_label, label_format
 from rocm_yolo.ultralytics_rules.tasks import CLASSIFY, DETECT, POSE
 
@@ -247,10 +247,11 @@ def check_data_and_loader(opts: Options, torch_error: str | None = None) -> Iter
     )
 
 
-def check_classify_data(opts: Options, torch_error: str | None = None) -> Iterator[Row]:
-    """A class-per-folder directory: its classes, then each split's images and class folders."""
+def _not_classification(opts: Options) -> tuple[Row, str] | None:
+    """The row of a DATA that is no classification set (a file; a directory for another task, or laid out for
+    detection), and why the loader test is skipped; None for a directory to check."""
     if not opts.data.is_dir():
-        yield Row(
+        row = Row(
             "data.folder",
             "data folder",
             FAIL,
@@ -258,17 +259,35 @@ def check_classify_data(opts: Options, torch_error: str | None = None) -> Iterat
             "directory of class folders (DIR/train/<class>/*.jpg, DIR/val/<class>/*.jpg)",
             "pass the directory (a dataset YAML is for detect, segment, pose and obb: --task)",
         )
-        yield from loader_skipped(opts, "no classification directory")
-        return
+        return row, "no classification directory"
     if opts.task and opts.task != CLASSIFY:
-        yield Row(
+        row = Row(
             "data.folder",
             "data folder",
             FAIL,
             f"{opts.data} is a directory: that is classification data, but --task {opts.task} trains on a dataset YAML",
             f"pass the {opts.task} data set's YAML",
         )
-        yield from loader_skipped(opts, "the data does not fit the task")
+        return row, "the data does not fit the task"
+    if detection_layout(opts.data):
+        row = Row(
+            "data.folder",
+            "data folder",
+            FAIL,
+            f"{opts.data} is laid out for detection (images/ beside labels/), not in classification's class folders",
+            f"write a dataset YAML that points at it (path: {opts.data.absolute()}, train: images/train, val: "
+            "images/val, names: {0: ...}) and pass it",
+        )
+        return row, "the data is no classification set"
+    return None
+
+
+def check_classify_data(opts: Options, torch_error: str | None = None) -> Iterator[Row]:
+    """A class-per-folder directory: its classes, then each split's images and class folders."""
+    wrong = _not_classification(opts)
+    if wrong is not None:
+        yield wrong[0]
+        yield from loader_skipped(opts, wrong[1])
         return
     try:
         spec = load_classify_spec(opts.data)

@@ -3,9 +3,10 @@
 On an AMD machine the KFD topology in sysfs lists the GPUs (:func:`rocm_yolo.gpu.arch.detect_gpus`),
 and the ROCm runtime shows a process only those its visibility variables keep
 (``ROCR_VISIBLE_DEVICES``, then ``HIP_VISIBLE_DEVICES`` or ``CUDA_VISIBLE_DEVICES``, each a list that
-narrows the one before). Elsewhere (an NVIDIA card, or a topology this cannot read) a bounded probe
-asks torch in a throwaway process. Either way the answer comes in seconds, so a ``--device`` list
-that names GPUs the machine does not have is refused before any process starts.
+narrows the one before). A machine with no GPU runtime's device file (``/dev/kfd``, ``/dev/nvidiactl``) has
+none. Elsewhere (an NVIDIA card, or a topology this cannot read) a bounded probe asks torch in a
+throwaway process. Either way the answer comes in seconds, so a ``--device`` that names GPUs the
+machine does not have is refused before the run starts.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from rocm_yolo.gpu.arch import GpuNode, detect_gpus
 from rocm_yolo.process.tree import python, run_bounded
 
 VISIBILITY = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+# The device files a GPU runtime opens to reach a GPU: AMD's KFD (ROCm), NVIDIA's control device (CUDA), WSL's GPU
+# paravirtualization (both, under Windows). Without any of them torch sees no GPU, and no probe needs to ask it.
+DEVICE_FILES = ("/dev/kfd", "/dev/nvidiactl", "/dev/dxg")
 PROBE = "import torch; print(torch.cuda.device_count())"
 
 
@@ -55,7 +59,15 @@ def probe(timeout: float = 60.0) -> int | None:
     return int(last) if outcome.returncode == 0 and last.isdigit() else None
 
 
+def device_files() -> list[str]:
+    """The GPU runtimes' device files this machine has (:data:`DEVICE_FILES`)."""
+    return [f for f in DEVICE_FILES if os.path.exists(f)]
+
+
 def visible_gpus(env: Mapping[str, str] = os.environ, root=None, timeout: float = 60.0) -> int | None:
-    """How many GPUs a run here can use (the topology, else torch's answer); None when neither can tell."""
+    """How many GPUs a run here can use: the topology; else none, where no GPU runtime has a device file here; else
+    torch's answer. None when nothing can tell."""
     found = visible_in_topology(env, root)
-    return found if found is not None else probe(timeout)
+    if found is not None:
+        return found
+    return probe(timeout) if device_files() else 0

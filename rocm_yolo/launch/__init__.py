@@ -16,7 +16,8 @@
 - :mod:`.resume_target`: which run and checkpoint a ``--resume`` continues;
 - :mod:`.cluster`: more than one machine: the nodes of a job, from the node flags or a scheduler's variables;
 - :mod:`.schedulers`: each scheduler's variables (SLURM's), a small backend of its own;
-- :mod:`.claim`: the run directory taken; :mod:`.ownership`: one supervisor per run directory.
+- :mod:`.claim`: the run directory taken; :mod:`.ownership`: one supervisor per run directory;
+- :mod:`.ending`: how the run ended, the last line of its log and of what the terminal shows.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import replace
 
 from rocm_yolo.launch import ownership
 from rocm_yolo.launch.claim import claim, remove_fresh_run, tidy_unstarted_run
+from rocm_yolo.launch.ending import say_how_it_ended, trained_before
 from rocm_yolo.launch.train_request import TrainRequest
 from rocm_yolo.launch.validation import make_spec
 from rocm_yolo.run.spec import RunSpec
@@ -62,6 +64,7 @@ def supervise(spec: RunSpec, config: WatchdogConfig, *, user_resume: bool = Fals
         config = replace(config, startup_grace=config.startup_grace + spec.nodes.timeout)
     ownership.acquire(spec.run_dir, spec.node)  # held already when the spec was claimed here
     started = time.time()
+    before = trained_before(spec)  # a resume's checkpoint, before the run changes it
     try:
         supervisor = Supervisor(spec, config, user_resume=user_resume)
         previous = supervisor.install_signal_handlers() if threading.current_thread() is threading.main_thread() else {}
@@ -78,4 +81,5 @@ def supervise(spec: RunSpec, config: WatchdogConfig, *, user_resume: bool = Fals
         remove_fresh_run(spec)
     if spec.resume is None and not spec.created and not spec.node and result.state != State.FINISHED:
         tidy_unstarted_run(spec, started)  # a reused folder is the user's: what this run did not get to use goes back
+    say_how_it_ended(result, before)
     return result

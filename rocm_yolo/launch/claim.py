@@ -17,9 +17,8 @@ import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from shlex import quote
 
-from rocm_yolo.errors import UsageError
+from rocm_yolo.errors import UsageError, command, option
 from rocm_yolo.launch import ownership
 from rocm_yolo.launch.resume_target import resume_point
 from rocm_yolo.run.nodes import join_round
@@ -111,13 +110,12 @@ def _holds_a_run(run_dir: Path, found: Path) -> str:
     if finished is not None and finished.finished:
         return (
             f"{run_dir} holds a run that finished all {finished.epochs} epochs ({found.relative_to(run_dir)}): train "
-            f"it further with --resume {quote(str(run_dir))} --epochs N, or start a new run from its weights with "
-            f"--model {quote(str(last))} "
-            "and another --name"
+            f"it further with {command(resume=run_dir, epochs='N')}, or start a new run from its weights with "
+            f"{option('model', last)} and another {option('name')}"
         )
     return (
         f"{run_dir} holds the checkpoint {found.relative_to(run_dir)} of a run that has not finished: continue it "
-        f"with --resume {quote(str(run_dir))}, or choose another --name"
+        f"with {option('resume', run_dir)}, or choose another {option('name')}"
     )
 
 

@@ -29,7 +29,7 @@ import os
 from typing import Mapping
 
 from rocm_yolo import environment as env_names
-from rocm_yolo.errors import UsageError
+from rocm_yolo.errors import UsageError, option
 from rocm_yolo.launch.schedulers import SCHEDULERS
 from rocm_yolo.run.nodes import DEFAULT_RENDEZVOUS_TIMEOUT, Nodes
 
@@ -37,11 +37,13 @@ DEFAULT_PORT = 29400  # torch's c10d rendezvous port, when a job gives neither a
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-def parse_endpoint(text: str, what: str = "--rdzv-endpoint") -> str:
-    """``HOST:PORT`` checked (an IPv6 host in brackets: ``[::1]:29400``); the endpoint as given."""
+def parse_endpoint(text: str, what: str | None = None) -> str:
+    """``HOST:PORT`` checked (an IPv6 host in brackets: ``[::1]:29400``); the endpoint as given. ``what``: where it
+    came from (variables), else the option."""
     host, sep, port = str(text).strip().rpartition(":")
     if not sep or not host or host in ("[]",) or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"{what} {text}: write HOST:PORT, the address where the nodes meet, e.g. node01:29400")
+        said = f"{what} {text}" if what else option("rdzv_endpoint", text)
+        raise UsageError(f"{said}: write HOST:PORT, the address where the nodes meet, e.g. node01:29400")
     return f"{host}:{int(port)}"
 
 
@@ -55,13 +57,15 @@ def parse_timeout(value: object) -> float:
     except ValueError:
         seconds = float("nan")
     if not seconds > 0 or seconds == float("inf"):
-        raise UsageError(f"--rdzv-timeout {value}: give how long the nodes wait for each other, e.g. 600 or 10m")
+        raise UsageError(
+            f"{option('rdzv_timeout', value)}: give how long the nodes wait for each other, e.g. 600 or 10m"
+        )
     return seconds
 
 
-def _whole(value: object, flag: str) -> int:
+def _whole(value: object, name: str) -> int:
     if isinstance(value, bool) or not str(value).strip().lstrip("-").isdigit():
-        raise UsageError(f"{flag} {value}: give a whole number")
+        raise UsageError(f"{option(name, value)}: give a whole number")
     return int(str(value).strip())
 
 
@@ -104,25 +108,32 @@ def resolve(
         count, name = _from_schedulers(env, "nodes")
         said += [name] if name else []
     if count is None or count == 1:
-        given = [f for f, v in (("--node-rank", node_rank), ("--rdzv-endpoint", endpoint)) if v is not None]
+        given = [f for f, v in (("node_rank", node_rank), ("rdzv_endpoint", endpoint)) if v is not None]
         if given and count is None:
-            raise UsageError(f"{given[0]} needs --nnodes N (the number of machines) and the other node flags")
+            raise UsageError(
+                f"{option(given[0])} needs {option('nnodes', 'N')} (the number of machines) and the other node options"
+            )
         if timeout is not None and count is None:
-            raise UsageError("--rdzv-timeout is for more than one machine: give --nnodes N and the other node flags")
+            raise UsageError(
+                f"{option('rdzv_timeout')} is for more than one machine: give {option('nnodes', 'N')} and the other "
+                "node options"
+            )
         return None
     if count < 1:
-        raise UsageError(f"--nnodes {count}: give the number of machines, 1 or more")
-    node = _whole(node_rank, "--node-rank") if node_rank is not None else None
+        raise UsageError(f"{option('nnodes', count)}: give the number of machines, 1 or more")
+    node = _whole(node_rank, "node_rank") if node_rank is not None else None
     if node is None:
         node, name = _from_schedulers(env, "node")
         said += [name] if name else []
     if node is None:
         raise UsageError(
-            f"--nnodes {count} needs --node-rank K, this machine's number from 0 to {count - 1} (each node its own), "
-            "and --rdzv-endpoint HOST:PORT, where the nodes meet"
+            f"{option('nnodes', count)} needs {option('node_rank', 'K')}, this machine's number from 0 to {count - 1} "
+            f"(each node its own), and {option('rdzv_endpoint', 'HOST:PORT')}, where the nodes meet"
         )
     if not 0 <= node < count:
-        raise UsageError(f"--node-rank {node}: the {count} nodes of --nnodes {count} are numbered 0 to {count - 1}")
+        raise UsageError(
+            f"{option('node_rank', node)}: the {count} nodes of {option('nnodes', count)} are numbered 0 to {count - 1}"
+        )
     own_port = False
     if endpoint is not None:
         where = parse_endpoint(str(endpoint))
@@ -130,8 +141,8 @@ def resolve(
         where, name, own_port = _endpoint_from(env)
         if where is None:
             raise UsageError(
-                f"--nnodes {count} needs --rdzv-endpoint HOST:PORT: the address where the nodes meet, one of them "
-                "(e.g. node01:29400), the same on every node"
+                f"{option('nnodes', count)} needs {option('rdzv_endpoint', 'HOST:PORT')}: the address where the nodes "
+                "meet, one of them (e.g. node01:29400), the same on every node"
             )
         said += [name] if name else []
     seconds = parse_timeout(timeout) if timeout is not None else DEFAULT_RENDEZVOUS_TIMEOUT
@@ -151,10 +162,10 @@ def _nnodes(value: object) -> tuple[int | None, int]:
     ``(MIN or None, MAX)``."""
     low, sep, high = str(value).strip().partition(":")
     if not sep:
-        return None, _whole(value, "--nnodes")
+        return None, _whole(value, "nnodes")
     if not (low.strip().isdigit() and high.strip().isdigit()) or not 1 <= int(low) <= int(high):
         raise UsageError(
-            f"--nnodes {value}: give the number of machines N, or MIN:MAX (the run goes on while at least MIN "
-            "of its MAX nodes are there), e.g. --nnodes 1:2"
+            f"{option('nnodes', value)}: give the number of machines N, or MIN:MAX (the run goes on while at least "
+            f"MIN of its MAX nodes are there), e.g. {option('nnodes', '1:2')}"
         )
     return int(low), int(high)

@@ -33,7 +33,7 @@ import os
 from pathlib import Path
 from shlex import quote
 
-from rocm_yolo.errors import SetupError, UsageError
+from rocm_yolo.errors import SetupError, UsageError, option
 from rocm_yolo.run.atomic import PRIVATE_FILE, check_own, open_no_link, private_dirs
 from rocm_yolo.run.paths import RunPaths
 
@@ -51,14 +51,15 @@ def _setup_error(what: str, path: Path, error: OSError) -> SetupError | UsageErr
     if error.errno in (errno.EEXIST, errno.ENOTDIR) and not named.is_dir():
         return UsageError(
             f"cannot {what} {path}: {named} is a file where rocm-yolo needs a folder: move it away, or choose "
-            "another --name or --project"
+            f"another {option('name')} or {option('project')}"
         )
     advice = {
-        errno.EROFS: "a run needs a writable directory: remount it read-write, or choose a writable --project",
-        errno.ENOSPC: "free space or choose another --project",
+        errno.EROFS: "a run needs a writable directory: remount it read-write, or choose a writable "
+        + option("project"),
+        errno.ENOSPC: f"free space or choose another {option('project')}",
         errno.EDQUOT: "free space within your quota",
-        errno.EACCES: "check its permissions or choose another --project",
-        errno.EPERM: "check its permissions or choose another --project",
+        errno.EACCES: f"check its permissions or choose another {option('project')}",
+        errno.EPERM: f"check its permissions or choose another {option('project')}",
     }.get(error.errno, "check the directory")
     where = f" ({named}: {error.strerror})" if named != path and error.strerror else f" ({error.strerror or error})"
     return SetupError(f"cannot {what} {path}{where}: {advice}")

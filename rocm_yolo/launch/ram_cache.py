@@ -12,7 +12,7 @@ what to give: Docker's ``--shm-size`` or ``--ipc=host``, ``cache=disk``, or ``--
 
 from __future__ import annotations
 
-from rocm_yolo.errors import UsageError
+from rocm_yolo.errors import UsageError, option
 from rocm_yolo.run.profiles import LoaderSettings
 from rocm_yolo.ultralytics_rules.data import cache as ucache
 from rocm_yolo.ultralytics_rules.tasks import CLASSIFY
@@ -47,6 +47,6 @@ def plan(data: str, task: str, imgsz: int, loader: LoaderSettings, profile_given
     if profile_given:
         raise UsageError(
             f"{why}: give /dev/shm more (Docker: --shm-size={max(1, round(2.5 * found.bytes / 2**30))}g or "
-            "--ipc=host), or use cache=disk, or --profile threads (its loader threads share the cache)"
+            f"--ipc=host), or use cache=disk, or {option('profile', 'threads')} (its loader threads share the cache)"
         )
     return "threads", f"{why}: loading in threads of the trainer instead (profile threads), which share it"

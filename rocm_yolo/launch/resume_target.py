@@ -9,12 +9,11 @@ newest checkpoint under the project. What of the run's own settings it keeps is
 from __future__ import annotations
 
 from pathlib import Path
-from shlex import quote
 
-from rocm_yolo.errors import UsageError
+from rocm_yolo.errors import UsageError, option
 from rocm_yolo.run import checkpoints
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.ultralytics_rules.checkpoint import already_finished, summary
+from rocm_yolo.ultralytics_rules.checkpoint import already_finished, last_epoch, summary
 
 
 def find_resume(resume: str | bool, project: Path) -> Path:
@@ -24,7 +23,7 @@ def find_resume(resume: str | bool, project: Path) -> Path:
         if last is None:
             raise UsageError(
                 f"no last.pt under {project} to resume: pass the checkpoint, "
-                "e.g. --resume runs/detect/train/weights/last.pt"
+                f"e.g. {option('resume', 'runs/detect/train/weights/last.pt')}"
             )
         return last
     last = Path(str(resume)).expanduser().resolve()
@@ -32,8 +31,8 @@ def find_resume(resume: str | bool, project: Path) -> Path:
         last = RunPaths(last).last if (last / "weights").is_dir() else last / "last.pt"
     if last.parent.name != "weights":
         raise UsageError(
-            f"--resume {resume}: a resume continues a run, so it takes RUN/weights/last.pt; "
-            f"to start a new run from these weights use --model {quote(str(resume))}"
+            f"{option('resume', resume)}: a resume continues a run, so it takes RUN/weights/last.pt; "
+            f"to start a new run from these weights use {option('model', resume)}"
         )
     return last
 
@@ -52,14 +51,13 @@ def run_args(last: Path) -> dict:
 def resume_point(named: Path, epochs: int | None = None) -> checkpoints.ResumePoint:
     """Where a resume starts, changing nothing: a mid-epoch checkpoint named by the user, else the run's
     newest valid one; with ``epochs`` (``--resume RUN --epochs N``) a finished run trains on to N epochs from
-    the copy it keeps with its optimizer. Raises :class:`UsageError` when it has none, when the run has
+    its ``last.pt`` (:func:`_reopen`). Raises :class:`UsageError` when it has none, when the run has
     finished (and ``epochs`` asks for no more), or when ``epochs`` is fewer than the run has trained."""
     if checkpoints.is_mid_checkpoint(named):
         reason = checkpoints.verify(named)
         if reason is not None:
             raise UsageError(
-                f"checkpoint {named} is unusable ({reason}): resume with "
-                f"--resume {quote(str(named.with_name('last.pt')))}"
+                f"checkpoint {named} is unusable ({reason}): resume with {option('resume', named.with_name('last.pt'))}"
             )
         point = checkpoints.ResumePoint(named)
     else:
@@ -71,8 +69,9 @@ def resume_point(named: Path, epochs: int | None = None) -> checkpoints.ResumePo
     trained = found.epochs if found.stripped else found.epoch + 1 if found.epoch is not None else None
     if epochs is not None and trained is not None and epochs <= trained and not found.finished:
         raise UsageError(
-            f"--epochs {epochs}: the run in {run_dir} has trained {trained} epochs already: give more "
-            f"(e.g. --epochs {trained + 1}), or resume without --epochs to train to its {found.epochs}"
+            f"{option('epochs', epochs)}: the run in {run_dir} has trained {trained} epochs already: give more "
+            f"(e.g. {option('epochs', trained + 1)}), or resume without {option('epochs')} to train to its "
+            f"{found.epochs}"
         )
     if not found.finished_for(epochs):
         return point
@@ -82,15 +81,19 @@ def resume_point(named: Path, epochs: int | None = None) -> checkpoints.ResumePo
 
 
 def _reopen(point: checkpoints.ResumePoint, run_dir: Path, done: int, epochs: int) -> checkpoints.ResumePoint:
-    """A finished run trained on to ``epochs``: from the verified copy it keeps with its optimizer, which becomes
-    ``last.pt`` again (the end of training stripped that one)."""
+    """A finished run trained on to ``epochs``: from a checkpoint of its last epoch that still holds the optimizer, if
+    it has one (``last.pt`` itself when the end of training was cut short; the verified copy of a run that finished
+    before rocm-yolo removed it), which becomes ``last.pt`` again; else from ``last.pt``, stripped by the end of
+    training: its weights, the epochs trained, and a new optimizer (the training process makes it resumable)."""
     paths = RunPaths(run_dir)
-    kept = summary(paths.last_good) if checkpoints.verify(paths.last_good) is None else None
-    if kept is None or kept.stripped:
-        raise UsageError(
-            f"the run in {run_dir} finished all {done} epochs and keeps no copy with its optimizer to train on "
-            f"from (it finished before rocm-yolo kept weights/{paths.last_good.name}): start a new run from its "
-            f"weights with --model {quote(str(paths.last))} epochs={epochs}"
-        )
-    note = f"training the finished run on from epoch {done} to {epochs}, from {paths.last_good.name}"
-    return checkpoints.ResumePoint(paths.last, note, reopen=paths.last_good)
+    for kept in (paths.last, paths.last_good):
+        found = summary(kept) if checkpoints.verify(kept) is None else None
+        if found is not None and not found.stripped:
+            note = f"training the finished run on from epoch {done} to {epochs}, from {kept.name}"
+            return checkpoints.ResumePoint(paths.last, note, reopen=kept if kept != paths.last else None)
+    trained = last_epoch(paths.results) or done
+    note = (
+        f"training the finished run on from epoch {trained} to {epochs}, from the weights of {paths.last.name} (the "
+        "end of training stripped its optimizer: a new one starts)"
+    )
+    return checkpoints.ResumePoint(paths.last, note)

@@ -14,7 +14,7 @@ import re
 from typing import Mapping, Protocol
 
 from rocm_yolo import environment as env_names
-from rocm_yolo.errors import UsageError
+from rocm_yolo.errors import UsageError, option
 
 
 class Scheduler(Protocol):
@@ -57,7 +57,8 @@ class Slurm:
             return expand_nodelist(nodelist)[0]
         except (ValueError, IndexError) as e:
             raise UsageError(
-                f"{env_names.SLURM_JOB_NODELIST}={nodelist} cannot be read ({e}): give --rdzv-endpoint HOST:PORT"
+                f"{env_names.SLURM_JOB_NODELIST}={nodelist} cannot be read ({e}): give "
+                + option("rdzv_endpoint", "HOST:PORT")
             ) from None
 
 

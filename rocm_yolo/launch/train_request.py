@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from rocm_yolo import environment
 from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
-from rocm_yolo.errors import UsageError
+from rocm_yolo.errors import UsageError, option
 from rocm_yolo.run.nodes import Nodes
 from rocm_yolo.run.profiles import DEFAULT_PROFILE, PROFILES, parse_ladder
 from rocm_yolo.supervisor.config import DEFAULTS as WATCHDOG
@@ -243,13 +243,17 @@ class TrainRequest:
         )
         for key in ("stall_timeout", "startup_grace"):
             if key in given and given[key] < MIN_WATCH_SECONDS:
-                flag = "--" + key.replace("_", "-")
                 raise UsageError(
-                    f"{flag} {given[key]:g} is too short: an epoch's end, a save or the start of a validation pass "
-                    f"seconds without a heartbeat, which the watchdog would call a hang: give {flag} "
-                    f"{MIN_WATCH_SECONDS:g} or more"
+                    f"{option(key, _plain(given[key]))} is too short: an epoch's end, a save or the start of a "
+                    f"validation pass seconds without a heartbeat, which the watchdog would call a hang: give "
+                    f"{option(key, _plain(MIN_WATCH_SECONDS))} or more"
                 )
         return config
+
+
+def _plain(number: float) -> float | int:
+    """``10.0`` as ``10``, as the user would write it."""
+    return int(number) if float(number).is_integer() else number
 
 
 ULTRALYTICS_FLAGS = tuple(f.name for f in fields(TrainRequest) if f.metadata.get("ultralytics"))

@@ -9,13 +9,13 @@ user gave is known to be valid. Nothing here imports torch or Ultralytics.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from shlex import quote
 
 from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
-from rocm_yolo.errors import UsageError
-from rocm_yolo.gpu import count
+from rocm_yolo.errors import UsageError, command, option
+from rocm_yolo.gpu import count as gpu_count
 from rocm_yolo.launch import ram_cache
 from rocm_yolo.launch.data_path import check_model, default_model, resolve_data
 from rocm_yolo.launch.demo import DEMO_DEFAULTS
@@ -25,7 +25,7 @@ from rocm_yolo.run import checkpoints, devices
 from rocm_yolo.run.midepoch import DEFAULT_CHECKPOINT_INTERVAL, CheckpointInterval, parse_interval
 from rocm_yolo.run.nodes import Nodes
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.run.profiles import DEFAULT_PROFILE, LOADER_KEYS, resolve
+from rocm_yolo.run.profiles import DEFAULT_PROFILE, LOADER_KEYS, PROFILES, resolve
 from rocm_yolo.run.spec import RunSpec, carry_over, latest_spec, next_attempt
 from rocm_yolo.ultralytics_rules import config as ucfg
 from rocm_yolo.ultralytics_rules.resume import RESUME_ALLOWED
@@ -39,54 +39,69 @@ def check_name(name: str) -> str:
     parts = Path(name).parts
     if not name or Path(name).is_absolute() or ".." in parts or name in (".", ""):
         raise UsageError(
-            f"--name {name!r} must stay inside --project: give a plain name such as 'exp1' "
-            "(use --project to choose where runs go)"
+            f"{option('name', repr(name))} must stay inside {option('project')}: give a plain name such as 'exp1' "
+            f"(use {option('project')} to choose where runs go)"
         )
     return name
 
 
-def check_devices(device: object, batch: object, batch_source: str = "given", nodes: Nodes | None = None) -> None:
-    """GPUs the machine has, each named once, and on several (one DDP rank each, on each of ``nodes``) a batch that
-    divides by their number: the batch given, Ultralytics' default, or on a resume the run's own (``batch_source``;
-    a resume keeps its run's global batch, None: unknown)."""
-    why = devices.check_list(device)
+def check_devices(
+    device: object, batch: object, batch_source: str = "given", nodes: Nodes | None = None, *, the_runs: bool = False
+) -> None:
+    """A device Ultralytics trains on, GPUs the machine has, each named once, and on several (one DDP rank each, on
+    each of ``nodes``) a batch that divides by their number: the batch given, Ultralytics' default, or on a resume the
+    run's own (``batch_source``; a resume keeps its run's global batch, None: unknown). ``the_runs``: the device is
+    the resumed run's own, not one the user gave."""
+    why = devices.check_list(device) or devices.check_kind(device)
     if why is not None:
         raise UsageError(why)
     ids = devices.gpu_ids(device)
     if nodes is not None and not ids:
-        shown = f"--device {device}" if device not in (None, "") else "no --device"
+        shown = option("device", device) if device not in (None, "") else f"no {option('device')}"
         raise UsageError(
-            f"{shown}: on more than one machine give the GPU ids of this node, e.g. --device 0,1 (one rank each; "
-            "each node names its own)"
+            f"{shown}: on more than one machine give the GPU ids of this node, e.g. {option('device', '0,1')} (one "
+            "rank each; each node names its own)"
         )
     if len(set(ids)) != len(ids):
-        raise UsageError(f"--device {device}: a GPU is named twice; name each once, e.g. --device {ids[0]}")
+        raise UsageError(
+            f"{option('device', device)}: a GPU is named twice; name each once, e.g. {option('device', ids[0])}"
+        )
     if batch is None and batch_source == "default":
         batch = ucfg.default("batch")
     count = nodes.count if nodes is not None else 1
     why = devices.check_batch(batch, ids, batch_source, count) if batch is not None else None
     if why is not None:
         raise UsageError(why)
-    _check_gpus_exist(device, ids)
+    _check_gpus_exist(device, ids, the_runs)
 
 
-def _check_gpus_exist(device: object, ids: list[str]) -> None:
-    """Every GPU id names a GPU this machine shows a run: the KFD topology, else (on several GPUs) a bounded
-    probe of torch; nothing is refused when neither can tell."""
+def _check_gpus_exist(device: object, ids: list[str], the_runs: bool = False) -> None:
+    """Every GPU id names a GPU this machine shows a run, one id as several: the KFD topology, else none where no GPU
+    runtime has a device file here, else a bounded probe of torch; nothing is refused when none of them can tell."""
     if not ids:
         return
-    visible = count.visible_gpus() if len(ids) > 1 else count.visible_in_topology()
+    visible = gpu_count.visible_gpus()
     if visible is None or max(int(i) for i in ids) < visible:
         return
-    if visible == 0:
+    if the_runs:  # a resume on the run's own GPUs, which this machine does not have
         raise UsageError(
-            f"--device {device}: this machine shows no GPU to a run (torch sees none): train with --device cpu, "
-            "or see why with rocm-yolo doctor"
+            f"the run trained on device {device}, and this machine shows {visible or 'no'} GPU(s) to a run: resume "
+            f"on the GPUs it has with {option('device', 'cpu' if not visible else '0')}"
+        )
+    if visible == 0:
+        why = (
+            "torch sees none"
+            if gpu_count.device_files()
+            else f"no GPU runtime's device file: {gpu_count.DEVICE_FILES[0]}"
+        )
+        raise UsageError(
+            f"{option('device', device)}: this machine shows no GPU to a run ({why}): train with "
+            f"{option('device', 'cpu')}, or see why with rocm-yolo doctor"
         )
     have = ",".join(str(i) for i in range(visible))
     raise UsageError(
-        f"--device {device} names GPU {max(int(i) for i in ids)}, but this machine shows {visible} "
-        f"(ids {have}): name GPUs it has, e.g. --device {have if visible > 1 else '0'}"
+        f"{option('device', device)} names GPU {max(int(i) for i in ids)}, but this machine shows {visible} "
+        f"(ids {have}): name GPUs it has, e.g. {option('device', have if visible > 1 else '0')}"
     )
 
 
@@ -120,6 +135,31 @@ def _with_cfg_file(extra: dict, flags: dict, data: str | None) -> dict:
     return extra
 
 
+def _check_paths(request: TrainRequest) -> None:
+    """``project``, ``name``, ``data`` and ``model`` name files: text (from Python a number or a list is no path)."""
+    for key in ("data", "project", "name", "model"):
+        value = getattr(request, key)
+        if value is not None and not isinstance(value, (str, os.PathLike)):
+            raise UsageError(f"{option(key, value)}: give a path (text), e.g. {option(key, EXAMPLES[key])}")
+    if not isinstance(request.watchdog, bool):
+        raise UsageError(f"{option('watchdog', request.watchdog)}: give True or False")
+
+
+EXAMPLES = {"data": "data.yaml", "project": "runs/detect", "name": "exp1", "model": "yolo26n.pt"}
+
+
+def _check_profile_key(value: object) -> None:
+    """``profile=`` is Ultralytics' own switch (True or False); a name there means rocm-yolo's ``--profile``."""
+    if isinstance(value, bool):
+        return
+    given = str(value)
+    raise UsageError(
+        f"profile={given}: rocm-yolo's settings profile is {option('profile', given if given in PROFILES else 'NAME')} "
+        f"({', '.join(PROFILES)}); profile= is Ultralytics' own switch, True or False (it times ONNX and TensorRT "
+        "during training)"
+    )
+
+
 @dataclass
 class CheckedRequest:
     """A request checked and sorted out: the flags, Ultralytics arguments, loader settings, and which keys the user
@@ -147,6 +187,7 @@ class CheckedRequest:
         for key, why in NOT_KEYS.items():
             if key in extra:
                 raise UsageError(f"'{key}=' is not accepted here: {why}")
+        _check_profile_key(extra.get("profile", False))
         for key in ULTRALYTICS_FLAGS:
             if key in extra:
                 if flags[key] is not None:
@@ -157,7 +198,7 @@ class CheckedRequest:
                 raise UsageError("'data' is given twice (as DATA and data=): keep one")
             data = str(extra.pop("data"))
         if conv is not None and conv not in CONV_STRATEGIES:
-            raise UsageError(f"--conv {conv}: choose one of {', '.join(CONV_STRATEGIES)}")
+            raise UsageError(f"{option('conv', conv)}: choose one of {', '.join(CONV_STRATEGIES)}")
         loader = {k: extra.pop(k) for k in list(extra) if k in LOADER_KEYS}
         val = extra.pop("val", None)
         for key in list(extra):
@@ -171,8 +212,6 @@ class CheckedRequest:
 
     def model_name(self, resuming: bool) -> str:
         name = str(self.flags["model"] or ("" if resuming else default_model(self.data)))
-        if self.flags["model"] and not Path(name).suffix:
-            raise UsageError(f"--model {name}: give a .pt checkpoint or a .yaml model definition (e.g. yolo26n.yaml)")
         if self.flags["model"] and not resuming:  # a resume refuses --model: it continues the run's own
             check_model(name)
         return name
@@ -223,6 +262,7 @@ def make_spec(request: TrainRequest) -> RunSpec:
     run's ``last.pt``), from which ``claim`` chooses the newest valid one.
     """
     nodes = request.nodes()  # more than one machine: the flags, else SLURM's variables
+    _check_paths(request)
     req = CheckedRequest.of(request)
     model_name = req.model_name(request.resuming)
     task = task_for_model(model_name) if model_name else None
@@ -259,14 +299,15 @@ def _finish(
         batch, source = train_args.get("batch"), "given"
     else:
         batch, source = (saved or {}).get("batch"), ("run" if resume is not None else "default")
+    the_runs = resume is not None and req.flags["device"] is None and "device" not in req.extra
     if source == "run" and layout is not None:  # the run keeps its images a step on the GPUs it has now
         now = devices.world_size(train_args, nodes)
         relaid = devices.relayout(layout, now, _gpus_named(train_args.get("device"), nodes))
-        check_devices(train_args.get("device"), None, source, nodes)
+        check_devices(train_args.get("device"), None, source, nodes, the_runs=the_runs)
         if relaid.changed:
             req.notes.append(relaid.describe())
     else:
-        check_devices(train_args.get("device"), batch, source, nodes)
+        check_devices(train_args.get("device"), batch, source, nodes, the_runs=the_runs)
         given = batch if batch is not None or resume is not None else ucfg.default("batch")
         new = devices.Layout.of(given, devices.world_size(train_args, nodes))
         if layout is not None and new is not None and new != layout:
@@ -277,7 +318,7 @@ def _finish(
         layout = new
     if nodes is not None and nodes.elastic and layout is not None:  # every round the run may go on with
         per_node = max(len(devices.gpu_ids(train_args.get("device"))), 1)
-        devices.check_rounds(layout, per_node, nodes.counts, f"--nnodes {nodes.nnodes}")
+        devices.check_rounds(layout, per_node, nodes.counts, option("nnodes", nodes.nnodes))
     effective = {**(saved or {}), **train_args}  # what Ultralytics trains with (a resume: the run's, changed)
     if ram_cache.wants_ram(effective) and task is not None:
         imgsz = int(effective.get("imgsz") or ucfg.default("imgsz"))
@@ -325,8 +366,8 @@ def run_layout(previous: RunSpec | None, saved: dict) -> devices.Layout | None:
 def _new_run(req: CheckedRequest, model: str, task: str, run_dir: Path, nodes: Nodes | None = None) -> RunSpec:
     if not req.data:
         raise UsageError(
-            "DATA is required: a dataset YAML (a directory of class folders for a classification model), "
-            "or 'demo' for the built-in demo set (or --resume LAST_PT)"
+            f"{option('data')} is required: a dataset YAML (a directory of class folders for a classification model), "
+            f"or 'demo' for the built-in demo set (or {option('resume', 'LAST_PT')})"
         )
     data_path, data_notes = resolve_data(req.data, task)
     req.notes += data_notes
@@ -348,8 +389,8 @@ def _refuse_what_a_resume_drops(req: CheckedRequest, last: Path) -> None:
     """A key a resume cannot honour is refused, never silently dropped (Ultralytics' resume keeps the run's)."""
     if req.flags["model"] is not None:
         raise UsageError(
-            f"--model {req.flags['model']}: a resume continues the run's own model; drop --model, or start a "
-            "new run from other weights without --resume"
+            f"{option('model', req.flags['model'])}: a resume continues the run's own model; drop {option('model')}, "
+            f"or start a new run from other weights without {option('resume')}"
         )
     given = sorted((set(req.extra) | {k for k, v in req.flags.items() if v is not None}) - RESUME_HONOURS)
     if given:
@@ -357,8 +398,7 @@ def _refuse_what_a_resume_drops(req: CheckedRequest, last: Path) -> None:
         value = req.extra.get(key, req.flags.get(key))
         raise UsageError(
             f"{key}={value}: a resume keeps the run's {key} (Ultralytics' resume takes it from the checkpoint); "
-            f"to train with another, start a new run from its weights: --model {quote(str(last))} "
-            f"{quote(f'{key}={value}')}"
+            f"to train with another, start a new run from its weights: {command(model=last, keys={key: value})}"
         )
 
 
@@ -368,8 +408,8 @@ def _resumed_run(req: CheckedRequest, resume: str | bool, project_dir: Path, nod
     run_dir = last.parent.parent
     if nodes is not None and checkpoints.is_mid_checkpoint(last):
         raise UsageError(
-            f"--resume {resume}: on more than one machine every node resumes from the run's newest checkpoint, the "
-            f"one they all see: resume with --resume {quote(str(run_dir))}"
+            f"{option('resume', resume)}: on more than one machine every node resumes from the run's newest "
+            f"checkpoint, the one they all see: resume with {option('resume', run_dir)}"
         )
     previous = req.carry(run_dir, nodes.node if nodes is not None else None)
     if req.data:

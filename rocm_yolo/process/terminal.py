@@ -11,7 +11,8 @@ away from a pipe (EPIPE) is not guarded: the CLI stops quietly on it (exit 141),
 control character a terminal would act on but colours (:func:`rocm_yolo.run.events.printable`).
 
 Install it before the code that keeps a reference to the stream is imported (Ultralytics' logger holds
-``sys.stdout`` from its import on).
+``sys.stdout`` from its import on). :func:`in_foreground` says whether the job is its terminal's foreground job (what
+a stop for terminal output waits for).
 """
 
 from __future__ import annotations
@@ -93,6 +94,17 @@ class GuardedStream:
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
+
+
+def in_foreground(fds: tuple[int, ...] = (2, 1, 0)) -> bool | None:
+    """Whether this process's group is its terminal's foreground group (a job after ``fg``), read from the first of
+    ``fds`` that is its controlling terminal; None where none is (no terminal, or one it does not control)."""
+    for fd in fds:
+        try:
+            return os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:
+            continue
+    return None
 
 
 def guard(

@@ -3,7 +3,9 @@ link someone else planted, and the run's own state private to its user.
 
 The one helper every writer of a file that someone else reads uses (heartbeat, supervisor
 state, specs, the verified checkpoint copy, mid-epoch checkpoints, the self-test cache): a
-temporary file in the same directory, then ``os.replace``. With ``durable=True`` the data is
+temporary file in the same directory, then ``os.replace``. A file that is only ever replaced,
+never written into, can be kept under a second name by a hard link made the same way
+(:func:`link_atomic`: the verified copy of ``last.pt``). With ``durable=True`` the data is
 fsynced before the rename and the directory after it, so a power cut or a kill during the
 write never leaves a damaged file where a good one was. A failed write removes its
 temporary file and raises: callers decide whether that matters.
@@ -247,6 +249,16 @@ def _replace(
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return _install(tmp, path, durable, accept)
+
+
+def _install(tmp: Path, path: Path, durable: bool, accept: Callable[[Path], bool] | None) -> bool:
+    """The finished temporary file ``tmp`` becomes ``path`` if ``accept(tmp)`` holds (else, or on any error, it is
+    removed); ``durable``: the directory fsynced after the rename. Whether it did."""
+    try:
         if accept is not None and not accept(tmp):
             tmp.unlink(missing_ok=True)
             return False
@@ -289,6 +301,21 @@ def copy_atomic(
             shutil.copyfileobj(fin, fout, 1 << 20)
 
     return _replace(temporary(dst), dst, copy, durable, accept)
+
+
+def link_atomic(src: str | os.PathLike, dst: str | os.PathLike, *, accept: Callable[[Path], bool]) -> bool | None:
+    """Make ``dst`` a hard link to ``src``'s file, atomically (a link beside ``dst``, renamed over it; the directory
+    fsynced), if ``accept(the link)`` holds: True, or False where it does not; None where no link can be made here
+    (another file system, one without hard links): the caller copies. Only for a ``src`` whose writers replace it
+    (temporary file, rename) rather than write into it: a write into ``src`` would change ``dst`` too."""
+    dst = Path(dst)
+    tmp = temporary(dst)
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        return None
+    return _install(tmp, dst, True, accept)
 
 
 def replace_durably(tmp: str | os.PathLike, path: str | os.PathLike) -> None:

@@ -4,7 +4,8 @@ Ultralytics writes ``last.pt`` with a plain ``write_bytes``: a kill in the middl
 truncated. A torch checkpoint is a zip archive whose central directory sits at the end and
 whose members carry CRCs, so :func:`verify` can tell a complete file from a truncated or
 damaged one by reading it once, with the standard library. After every save the training
-child keeps a verified copy, ``last_good.pt``, written atomically; resume falls back to it.
+child keeps a verified copy, ``last_good.pt`` (a hard link where the saves replace ``last.pt``
+whole, else a copy), made atomically; resume falls back to it. A finished run keeps none.
 
 Mid-epoch checkpoints (``weights/ep{E}-ba{B}.pt``, written by :mod:`rocm_yolo.trainer.checkpointing.save`) are
 named by their position, so the newest one is known without opening it. The training child
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocm_yolo.errors import UsageError
-from rocm_yolo.run.atomic import copy_atomic, untrusted
+from rocm_yolo.run.atomic import copy_atomic, link_atomic, untrusted
 from rocm_yolo.run.paths import GOOD_NAME, RunPaths
 
 # --------------------------------------------------------------------------- reading a checkpoint inertly
@@ -156,12 +157,18 @@ def verify(path: str | os.PathLike) -> str | None:
     return None
 
 
-def keep_good_copy(last: str | os.PathLike) -> Path | None:
-    """Copy ``last`` atomically to ``last_good.pt`` beside it if the copy verifies (the bytes checked are the bytes
-    kept, whatever happens to ``last`` meanwhile); the copy, or None (the previous one is kept)."""
+def keep_good_copy(last: str | os.PathLike, *, link: bool = False) -> Path | None:
+    """Keep ``last`` as ``last_good.pt`` beside it if it verifies, atomically: what is checked is the file kept,
+    whatever happens to ``last`` meanwhile. ``link``: ``last`` is only ever replaced whole (its saves write a
+    temporary file and rename it), so the copy is a hard link to the same file, which costs no write (a copy where
+    no link can be made); else a durable copy. The copy, or None (the previous one is kept)."""
     last = Path(last)
     good = last.with_name(GOOD_NAME)
-    return good if copy_atomic(last, good, durable=True, accept=lambda tmp: verify(tmp) is None) else None
+    accept = lambda tmp: verify(tmp) is None  # noqa: E731
+    linked = link_atomic(last, good, accept=accept) if link else None
+    if linked is not None:
+        return good if linked else None
+    return good if copy_atomic(last, good, durable=True, accept=accept) else None
 
 
 def find_latest(project: str | os.PathLike) -> Path | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
 from rocm_yolo import environment
-from rocm_yolo.errors import UsageError
+from rocm_yolo.errors import UsageError, option
 
 if TYPE_CHECKING:
     from rocm_yolo.run.nodes import Nodes
@@ -34,7 +34,29 @@ def devices_named(device: object) -> list[str]:
     text = text.lower().replace("cuda:", "").replace("none", "")
     for char in "[]()'\" ":
         text = text.replace(char, "")
+    if text == "cuda":  # the current CUDA/HIP device: GPU 0
+        text = "0"
     return [str(int(x)) if x.isdigit() else x for x in text.split(",") if x]
+
+
+# What Ultralytics' select_device trains on besides GPU ids (``0``, ``0,1``, ``cuda:0``; ``-1``: an idle GPU): the CPU,
+# Apple's MPS (the CPU where there is none), and the npu and xpu backends of their own torch builds. It passes tpu,
+# intel and vulkan through for its exported models' inference; a training on them fails inside Ultralytics.
+DEVICE_KINDS = ("cpu", "mps", "mps:0")
+BACKENDS = ("npu", "xpu")
+
+
+def check_kind(device: object) -> str | None:
+    """Why ``device`` names no device Ultralytics trains on, or None."""
+    named = devices_named(device)
+    if not named or ",".join(named) in DEVICE_KINDS or named[0].startswith(BACKENDS):
+        return None
+    if all(x.isdigit() or x == "-1" for x in named):
+        return None
+    return (
+        f"{option('device', device)}: not a device Ultralytics trains on: give cpu, a GPU id (0), several (0,1), or "
+        "-1 (an idle GPU)"
+    )
 
 
 def gpu_ids(device: object) -> list[str]:
@@ -50,7 +72,7 @@ def check_list(device: object) -> str | None:
     if len(named) < 2 or all(x.isdigit() for x in named):
         return None
     return (
-        f"--device {device}: several devices must be GPU ids, each named (e.g. --device 0,1); "
+        f"{option('device', device)}: several devices must be GPU ids, each named (e.g. --device 0,1); "
         "auto-selected (-1) and other kinds of devices cannot be split into ranks here"
     )
 
@@ -104,7 +126,7 @@ def check_batch(batch: object, ids: list[str], source: str = "given", nodes: int
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # batch=8.0 is 8, as --batch reads it
     example = f"batch={n * 8}"
-    gpus = f"--device {','.join(ids)}" + (f" on each of {nodes} nodes" if nodes > 1 else "")
+    gpus = option("device", ",".join(ids)) + (f" on each of {nodes} nodes" if nodes > 1 else "")
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         return (
             f"batch={value}: AutoBatch and fractions work on one GPU only (Ultralytics); on the {n} GPUs of "
@@ -117,7 +139,7 @@ def check_batch(batch: object, ids: list[str], source: str = "given", nodes: int
         fix = f"use a multiple of {n}, e.g. {example}"
         if source == "run":  # the global batch stays the run's: a number of GPUs it divides by, or a new batch
             fits = [k for k in range(2, value + 1) if value % k == 0][:3]
-            fix = f"resume on {' or '.join(map(str, fits)) if fits else 'one'} GPU(s), or give --batch {n * 8}"
+            fix = f"resume on {' or '.join(map(str, fits)) if fits else 'one'} GPU(s), or give {option('batch', n * 8)}"
         return f"{what} does not divide by the {n} GPUs of {gpus} (each rank trains batch/{n} images): {fix}"
     return None
 

@@ -29,6 +29,7 @@ import time
 from contextvars import ContextVar
 from pathlib import Path
 
+from rocm_yolo import errors
 from rocm_yolo.run.atomic import append_log, rotated
 
 PREFIX = "rocm-yolo:"
@@ -60,8 +61,9 @@ BOUND = 1 << 20  # what a terminal that takes no output is kept, at most: the ne
 WAIT = 0.5  # seconds the writer thread waits for the terminal at a time
 GONE = frozenset({errno.EIO, errno.ENXIO, errno.EPIPE, errno.EBADF})  # no one will read what is written there
 # Whether the user called rocm_yolo.train (advice in Python, e.g. rocm_yolo.supervisor.restart.resume_command) or
-# rocm-yolo (advice on the command line): set by rocm_yolo.api.train for its call.
-FROM_PYTHON: ContextVar[bool] = ContextVar("rocm_yolo_from_python", default=False)
+# rocm-yolo (advice on the command line): set by rocm_yolo.api.train for its call (kept in rocm_yolo.errors, whose
+# messages speak the same language).
+FROM_PYTHON: ContextVar[bool] = errors.FROM_PYTHON
 
 
 class FdSink:

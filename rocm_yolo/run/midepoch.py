@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from rocm_yolo.errors import UsageError
+from rocm_yolo.errors import UsageError, option
 from rocm_yolo.run.devices import Layout
 
 DEFAULT_CHECKPOINT_INTERVAL = "10m"
@@ -155,7 +155,7 @@ def parse_interval(value: object) -> CheckpointInterval:
     m = _INTERVAL.match(text)
     if m is None or float(m[1]) <= 0 or (m[2] == "ba" and not m[1].isdigit()):
         raise UsageError(
-            f"--checkpoint-every {value}: write a time (30s, 10m, 1.5h), a number of batches (500ba), "
+            f"{option('checkpoint_every', value)}: write a time (30s, 10m, 1.5h), a number of batches (500ba), "
             "or 0 to turn mid-epoch checkpoints off"
         )
     number, unit = m[1], m[2]

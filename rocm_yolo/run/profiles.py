@@ -18,7 +18,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Callable, Mapping
 
-from rocm_yolo.errors import UsageError
+from rocm_yolo.errors import UsageError, option
 
 
 @dataclass(frozen=True)
@@ -266,13 +266,17 @@ LOADER_SETTINGS: dict[str, LoaderKey] = {
     "persistent_workers": LoaderKey(
         parse_bool,
         lambda on, at: (
-            "persistent_workers=true needs workers > 0: drop it or set --workers" if on and not at.workers else None
+            f"persistent_workers=true needs workers > 0: drop it or set {option('workers')}"
+            if on and not at.workers
+            else None
         ),
     ),
     "prefetch_factor": LoaderKey(
         _at_least(1),
         lambda _, at: (
-            "prefetch_factor needs workers > 0: drop it or set --workers" if not at.workers and not at.threads else None
+            f"prefetch_factor needs workers > 0: drop it or set {option('workers')}"
+            if not at.workers and not at.threads
+            else None
         ),
     ),
     "pin_memory": LoaderKey(parse_bool),
@@ -357,8 +361,8 @@ def resolve(
         raise UsageError(f"not a loader setting: {', '.join(sorted(unknown))}")
     if "threads" in overrides and not profile.threads:
         raise UsageError(
-            f"threads= sets the loader threads of --profile threads, not of '{profile.name}': "
-            "add --profile threads or drop threads="
+            f"threads= sets the loader threads of {option('profile', 'threads')}, not of '{profile.name}': "
+            f"add {option('profile', 'threads')} or drop threads="
         )
     given = {key: LOADER_SETTINGS[key].parse(key, value) for key, value in overrides.items()}
     warnings: list[str] = []
@@ -403,7 +407,9 @@ def next_profile(current: str, ladder: tuple[str, ...]) -> str:
 def parse_ladder(text: str) -> tuple[str, ...]:
     names = tuple(x.strip() for x in text.split(",") if x.strip())
     if not names:
-        raise UsageError("--fallback needs at least one profile, e.g. --fallback fast,safe,threads,single")
+        raise UsageError(
+            f"{option('fallback')} needs at least one profile, e.g. {option('fallback', 'fast,safe,threads,single')}"
+        )
     for name in names:
         get_profile(name)
     return names

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rocm_yolo.errors import UsageError
+from rocm_yolo.errors import UsageError, option
 from rocm_yolo.run.profiles import DEFAULT_LADDER
 from rocm_yolo.run.supervisor_state import WatchdogSettings
 
@@ -37,10 +37,11 @@ class WatchdogConfig:
 
     def __post_init__(self):
         if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) or self.max_restarts < 0:
-            raise UsageError("--max-restarts must be >= 0")
-        for value in (self.stall_timeout, self.startup_grace):
+            raise UsageError(f"{option('max_restarts', self.max_restarts)}: give a number of restarts, 0 or more")
+        for key in ("stall_timeout", "startup_grace"):
+            value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise UsageError("--stall-timeout and --startup-grace must be > 0 seconds (a finite number)")
+                raise UsageError(f"{option(key, value)}: give a number of seconds > 0 (a finite number)")
         if self.notify is not None and not isinstance(self.notify, str):
             raise UsageError(f"notify={self.notify!r} must be a shell command (a string)")
 

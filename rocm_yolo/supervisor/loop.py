@@ -77,7 +77,7 @@ class Supervisor:
         self.sleep = sleep
         self.log = log or RunLog(spec.paths.log, spec.paths.events)
         self.user_resume = user_resume
-        self.signals = Signals(stop_self) if stop_self else Signals()
+        self.signals = Signals(stop_self, foreground=lambda: None) if stop_self else Signals()  # a fake: no terminal
         previous = read_state(spec.paths) if user_resume else None  # a resumed run keeps its history
         self.result = RunResult(  # the one record: the loop changes it, supervisor.json holds it, the caller gets it
             run_dir=spec.run_dir,

@@ -82,10 +82,10 @@ def with_profile(spec: RunSpec, profile: str, log: RunLog | None = None) -> RunS
 
 
 def tidy_finished(spec: RunSpec, log: RunLog, *, cut_short: bool = False) -> str | None:
-    """A finished run keeps ``last.pt`` and ``best.pt`` (stripped by the end of training) and the verified copy of its
-    last epoch's save, with the optimizer, from which ``--resume RUN --epochs N`` trains it on; its mid-epoch
-    checkpoints only take disk space. If ``last.pt`` was moved aside as damaged, the verified copy becomes
-    ``last.pt`` again.
+    """A finished run keeps ``last.pt`` and ``best.pt`` (stripped by the end of training), and nothing else in
+    ``weights/``: the verified copy is for a run that can still be resumed, and its mid-epoch checkpoints only take
+    disk space (``--resume RUN --epochs N`` trains it on from ``last.pt``). If ``last.pt`` was moved aside as
+    damaged, the verified copy becomes ``last.pt`` again; while ``last.pt`` does not verify, the copy stays.
 
     Then it says what of the end of training did not happen: a file it did not strip, and with ``cut_short`` (the
     training process failed after its last epoch) the final validation, with how to run it. Returns what ``status``
@@ -98,6 +98,7 @@ def tidy_finished(spec: RunSpec, log: RunLog, *, cut_short: bool = False) -> str
             copy_atomic(good, last, durable=True)
         if checkpoints.verify(last) is None:  # mid-epoch checkpoints of a finished run: nothing to continue
             checkpoints.remove_mid_checkpoints(paths)
+            good.unlink(missing_ok=True)
     except OSError as e:  # housekeeping only: the weights are there either way
         log.info(f"could not tidy {paths.weights}: {e.strerror or e}")
     return _end_not_done(spec, log, cut_short)

@@ -10,7 +10,10 @@ background job that writes to or reads from a terminal with ``stty tostop``) sto
 the supervisor too, as they stop a plain job: the tree never trains unwatched. A signal the caller
 set to be ignored stays ignored: SIGHUP under ``nohup``, SIGINT in a shell's background job. The
 handlers only record, but SIGTTOU's and SIGTTIN's act at once: the write that raised them retries
-until the job is in the foreground.
+until the job is in the foreground, and the job stops once for it, however many times the write
+is tried (one ``fg`` continues it; the time stopped counts once). A job stopped either way, whose
+terminal then goes away, ends: the hang-up's SIGHUP is its cause, and the tree, not continued, is
+stopped for good (exit 129).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Callable
 
 from rocm_yolo import errors
 from rocm_yolo.process.lifecycle import signal_name
+from rocm_yolo.process.terminal import in_foreground
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.supervisor.stall import StallDetector
 from rocm_yolo.supervisor.trainer_process import Child
@@ -35,14 +39,20 @@ def _stop_this_process() -> None:
 
 
 class Signals:
-    def __init__(self, stop_self: Callable[[], None] = _stop_this_process):
+    def __init__(
+        self,
+        stop_self: Callable[[], None] = _stop_this_process,
+        foreground: Callable[[], bool | None] = in_foreground,
+    ):
         self.interrupted: int | None = None  # the first stop signal received: the run's cause
         self.suspend_requested = False  # Ctrl-Z received, not yet acted on
         self.stop_self = stop_self  # Ctrl-Z: stops this process until the shell continues it
+        self.foreground = foreground  # whether the job is its terminal's foreground job (None: no terminal)
         self.suspended_seconds = 0.0  # time the run spent stopped by Ctrl-Z (no training time)
         self.child: Child | None = None  # the attempt's tree, while one runs (SIGTTOU stops it at once)
         self.unaccounted = 0.0  # seconds stopped by SIGTTOU/SIGTTIN that the watch has not taken off yet
         self.terminal_stops: list[int] = []  # SIGTTOU/SIGTTIN stops not said yet (said once the job can write)
+        self.stopping = False  # a SIGTTOU/SIGTTIN stop in progress: the signals its retried writes raise are its own
 
     def exit_code(self) -> int:
         """The run's exit code for the stop signal received: 130 (Ctrl-C), 129 (SIGHUP), else 143 (SIGTERM)."""
@@ -62,19 +72,29 @@ class Signals:
 
     def _on_terminal(self, signum, frame) -> None:
         """SIGTTOU/SIGTTIN: stop the tree and this process now, as the shell's job control stops a plain job (no
-        line written here: the write would raise it again); continued in the foreground, the write goes on."""
+        line written here: the write would raise it again); continued in the foreground, the write goes on.
+
+        Once per stop: a write that raised it retries until the job is continued, and each try raises it again (the
+        thread that relays the trainer's stderr, while the main thread runs this handler): a signal that comes while
+        the job is being stopped, or that finds the job in the foreground once continued (``fg``), is the same stop's,
+        and stops nothing. Continued in the background (``bg``), the next write stops the job again, as any job's."""
+        if self.stopping or self.foreground() is True:
+            return
+        self.stopping = True
         began = time.monotonic()
         child = self.child
-        if child is not None:
-            child.pause()
         try:
+            if child is not None:
+                child.pause()
             self.stop_self()
         finally:
             if child is not None and self.interrupted is None:
                 child.unpause()
-            self.unaccounted += time.monotonic() - began
-            self.suspended_seconds += time.monotonic() - began
+            stopped = time.monotonic() - began
+            self.unaccounted += stopped
+            self.suspended_seconds += stopped
             self.terminal_stops.append(signum)
+            self.stopping = False
 
     def install(self) -> dict:
         """Install the handlers (on the main thread); the previous ones, to put back."""

@@ -15,7 +15,7 @@ from rocm_yolo.run.atomic import write_atomic
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.midepoch import MidEpochState
 from rocm_yolo.run.spec import RunSpec
-from rocm_yolo.ultralytics_rules.checkpoint import already_finished, finished
+from rocm_yolo.ultralytics_rules.checkpoint import already_finished, finished, last_epoch
 from rocm_yolo.ultralytics_rules.resume import RESUME_REPORTED
 
 
@@ -55,6 +55,36 @@ def train_args(spec: RunSpec, presets: dict, log: RunLog, ckpt: dict | None = No
     # epochs: set on the trainer by its settings callback (Ultralytics' resume would drop it with a warning)
     keep = {k: v for k, v in args.items() if (k in spec.user_keys or k in ("workers", "val")) and k != "epochs"}
     return {**keep, "resume": spec.resume, "save_dir": spec.run_dir}
+
+
+def reopen_stripped(spec: RunSpec, model, log: RunLog, load):
+    """``--resume RUN --epochs N`` of a run whose end of training stripped ``last.pt`` (no optimizer, ``epoch`` -1,
+    which Ultralytics' resume refuses): ``last.pt`` again as an end-of-epoch save Ultralytics resumes, made from it:
+    its weights as the EMA, the epochs trained (``results.csv``), the best fitness, early-stopping state and EMA
+    updates the end of training kept in it (:mod:`rocm_yolo.patches.saves.final_save`), and no optimizer (Ultralytics
+    builds a new one). Written atomically; the model loaded from it. Any other resume: ``model`` as it is."""
+    ckpt = model.ckpt or {}
+    epoch = ckpt.get("epoch")
+    if spec.extended_epochs is None or not isinstance(epoch, int) or epoch >= 0 or MidEpochState.of(ckpt) is not None:
+        return model
+    import torch
+
+    trained = last_epoch(spec.paths.results) or (ckpt.get("train_args") or {}).get("epochs") or 1
+    reopened = {
+        **ckpt,
+        "epoch": trained - 1,
+        "model": None,
+        "ema": ckpt.get("ema") or ckpt["model"],
+        "updates": ckpt.get("updates") or 0,
+        "optimizer": None,
+        "scaler": None,
+    }
+    write_atomic(spec.resume, lambda f: torch.save(reopened, f), durable=True)
+    log.info(
+        f"{Path(spec.resume).name}: the weights of epoch {trained}, with a new optimizer (the end of training "
+        "stripped the run's)"
+    )
+    return load(spec.resume)
 
 
 def trim_results(csv_path: Path, backup: Path, last_epoch: int, log: RunLog) -> None:

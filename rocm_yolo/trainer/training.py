@@ -99,6 +99,7 @@ def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
         model = YOLO(spec.resume or spec.model)
         if spec.resume:
             spec, model = checked_resume(spec, model, log, YOLO)
+            model = train_args.reopen_stripped(spec, model, log, YOLO)  # a finished run trained on, from last.pt
         args = train_args.train_args(spec, env.args, log, model.ckpt)
         relaid = relayout_here(spec)
         if relaid is not None:  # Ultralytics' per-rank share is the GPU's micro-batch (a checkpoint of an attempt

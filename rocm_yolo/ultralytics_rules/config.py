@@ -77,6 +77,36 @@ def load() -> UltralyticsConfig:
     )
 
 
+# The expressions Ultralytics' list of downloadable model names is built from (string constants, f-strings, list
+# comprehensions, frozenset): evaluated only when made of these, with no builtins but frozenset.
+_ASSET_NODES = (
+    ast.Expression, ast.Call, ast.Name, ast.Load, ast.Store, ast.BinOp, ast.Add, ast.List, ast.Tuple, ast.ListComp,
+    ast.comprehension, ast.JoinedStr, ast.FormattedValue, ast.Constant,
+)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1)
+def asset_names() -> frozenset | None:
+    """The model files Ultralytics downloads by name from its assets release (``GITHUB_ASSETS_NAMES`` of
+    ``utils/downloads.py``), read from the source without importing it; None where it cannot be read."""
+    try:
+        tree = ast.parse((package_dir() / "utils" / "downloads.py").read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UsageError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["GITHUB_ASSETS_NAMES"]:
+            expression = ast.Expression(node.value)
+            names = {n.id for n in ast.walk(expression) if isinstance(n, ast.Name)}
+            if not all(isinstance(n, _ASSET_NODES) for n in ast.walk(expression)) or "__import__" in names:
+                return None
+            try:
+                found = eval(compile(expression, "downloads.py", "eval"), {"__builtins__": {}, "frozenset": frozenset})
+            except Exception:  # noqa: BLE001 - another Ultralytics' shape: no list, no refusal
+                return None
+            return frozenset(found) if isinstance(found, (set, frozenset)) else None
+    return None
+
+
 def default(key: str) -> object:
     """Ultralytics' default of train argument ``key``, from its ``cfg/default.yaml`` (e.g. batch 16, imgsz 640)."""
     return load().defaults[key]

@@ -87,7 +87,7 @@ def test_a_finished_run_is_told_what_works_and_that_trains_it_further(finished, 
     assert "done: epoch 2" in r.stdout
     assert epochs_in(run) == [1, 2]
     paths = RunPaths(run)
-    assert checkpoints.verify(paths.last) is None and paths.last_good.exists()
+    assert checkpoints.verify(paths.last) is None and not paths.last_good.exists()  # trained on from last.pt
     assert read_state(run).state == "finished" and cli.leftovers() == []
     with open(run / "args.yaml") as f:
         assert "epochs: 2" in f.read()  # Ultralytics' record of the run's arguments follows

@@ -86,7 +86,7 @@ async def session(tmp_path: Path, data: Path, tagged: Tagged) -> None:
         kernel = int((await book.run("import os\nprint(os.getpid())")).outputs[0]["text"])
 
         bad = await book.run(f"import rocm_yolo\nrocm_yolo.train({str(data)!r}, model='/nope.pt', {TINY})", True)
-        assert error_of(bad).get("ename") == "UsageError" and "--model /nope.pt: no such file" in error_of(bad).evalue
+        assert error_of(bad).get("ename") == "UsageError" and "model='/nope.pt': no such file" in error_of(bad).evalue
 
         cell = await interrupted_training(book, data, run)
         shown = stderr_of(cell)

@@ -7,6 +7,7 @@ training child, whose DataLoader workers are real processes. Leftovers are count
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -89,7 +90,7 @@ def test_resuming_a_finished_run_says_so_and_touches_nothing(api_run, tmp_path):
     before = last.read_bytes()
     r = Cli(tmp_path).run("train", "--resume", str(last), timeout=120)
     assert r.returncode == 2, r.stdout[-3000:]
-    assert "has already finished all 2 epochs: train it further with --resume" in r.stdout
+    assert "has already finished all 2 epochs: train it further with rocm-yolo train --resume" in r.stdout
     assert "Traceback" not in r.stdout and last.read_bytes() == before
 
 
@@ -133,10 +134,12 @@ def test_interrupt_stops_everything_then_resume_on_a_safer_profile(cli, tiny_dat
     assert f"progress:  epoch {beat.epoch}/4, {beat.phase} batch {beat.batch}/{beat.batches}" in status
     assert f"resume:    from the start of epoch {summary(weights / 'last.pt').epoch + 2}/4 (weights/last.pt)" in status
 
-    # A kill in the middle of a save leaves last.pt truncated: resume must not lose the run.
+    # A truncated last.pt (a kill in the middle of a write that is not atomic): resume must not lose the run. Since
+    # every save replaces last.pt (and last_good.pt is the same file, a hard link), it is a new file in its place.
     good = summary(weights / GOOD_NAME).epoch + 1  # the epochs the verified copy holds (results.csv may hold more)
     data = (weights / "last.pt").read_bytes()
-    (weights / "last.pt").write_bytes(data[: len(data) // 2])
+    (weights / "cut.pt").write_bytes(data[: len(data) // 2])
+    os.replace(weights / "cut.pt", weights / "last.pt")
     r = cli.run("train", "--resume", str(weights / "last.pt"), "--profile", "single")
     assert r.returncode == 0, r.stdout[-3000:]
     text = "\n".join(rocm_lines(r.stdout))
@@ -159,7 +162,7 @@ def test_the_readme_first_command(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:]
     run = tmp_path / "runs" / "detect" / "train"
     assert (run / "weights" / "last.pt").is_file() and (run / "weights" / "best.pt").is_file()
-    assert (run / "weights" / GOOD_NAME).is_file()  # kept with its optimizer: --resume RUN --epochs N trains on
+    assert not (run / "weights" / GOOD_NAME).exists()  # a finished run keeps last.pt and best.pt alone (issue 43)
     assert (tmp_path / "demo" / "demo.yaml").is_file()
     assert "profile fast | start method forkserver (preloaded)" in r.stdout
     # the workers' fork server imported the trainer's Ultralytics (in the lower-bound run, Cli checks that one)

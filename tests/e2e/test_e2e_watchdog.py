@@ -144,8 +144,10 @@ def test_worker_blocking_forever_mid_run(cli, tiny_data, tmp_path):
     hang = check_recovered(cli, r, run, 3, hung_at=fired)
     assert hang["epoch"] == 2 and hang["phase"] == "train" and hang["class"] == "loader" and not hang["weak"]
     assert "RuntimeError: HIP error: invalid device function" in RunPaths(run).child_stderr(1).read_text()
-    report = stacks(run).split("--- rocm-yolo diagnosis:", 1)[1]
+    dumped, report = stacks(run).split("--- rocm-yolo diagnosis:", 1)
     decided, rest = report.split("why:", 1)
+    why = rest.splitlines()[0]  # the tools that read the stacks, only those (issue 43: py-spy named, never run)
+    assert "faulthandler" in why and ("py-spy" in why) == ("--- py-spy dump --native (exit 0)" in dumped), why
     assert "Xorg" not in decided and "chrome" not in decided and "invalid device function" not in decided
     others = rest.split("kernel lines of other processes or cards (never this run's):", 1)[1].split("\n", 1)[0]
     assert int(others) >= 2 and "Xorg" not in report and "chrome" not in report  # counted, never quoted (issue 45)

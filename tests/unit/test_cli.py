@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -140,17 +141,36 @@ def test_done_counts_from_the_resumed_checkpoint_not_from_results_csv(tmp_path):
     from types import SimpleNamespace
 
     from helpers import fake_checkpoint
+    from rocm_yolo.launch import ending
     from rocm_yolo.run.midepoch import MID_EPOCH_KEY
+    from rocm_yolo.ultralytics_rules import checkpoint
 
     results = tmp_path / "results.csv"
     results.write_text("epoch,   train/box_loss\n1,0.5\n2,0.4\n3,0.3\n")
     good = fake_checkpoint(tmp_path / "last_good.pt", pickle.dumps({"epoch": 1, "train_args": {"epochs": 6}}))
     spec = SimpleNamespace(resume=str(good), paths=SimpleNamespace(results=results))
-    assert cli_module._trained_before(spec) == 2
-    assert cli_module._trained_before(SimpleNamespace(resume=None, paths=spec.paths)) == 0
+    assert ending.trained_before(spec) == 2
+    assert ending.trained_before(SimpleNamespace(resume=None, paths=spec.paths)) == 0
     stripped = fake_checkpoint(tmp_path / "last.pt", pickle.dumps({"epoch": -1, "train_args": {"epochs": 3}}))
-    assert cli_module._trained_before(SimpleNamespace(resume=str(stripped), paths=spec.paths)) == 3  # results.csv
+    assert ending.trained_before(SimpleNamespace(resume=str(stripped), paths=spec.paths)) == 3  # results.csv
     mid = fake_checkpoint(tmp_path / "ep1-ba1.pt", pickle.dumps({"epoch": -1, MID_EPOCH_KEY: {}, "train_args": {}}))
-    assert cli_module._trained_before(SimpleNamespace(resume=str(mid), paths=spec.paths)) == 0  # inside epoch 1
+    assert ending.trained_before(SimpleNamespace(resume=str(mid), paths=spec.paths)) == 0  # inside epoch 1
     results.write_text("epoch,   train/box_loss\n" + "".join(f"{e},0.1\n" for e in (1, 2, 3, 4, 5, 6)))
-    assert cli_module._last_epoch(results) == 6 and cli_module._last_epoch(tmp_path / "none.csv") == 0
+    assert checkpoint.last_epoch(results) == 6 and checkpoint.last_epoch(tmp_path / "none.csv") == 0
+
+
+def test_help_says_what_the_code_does():
+    """Issue 43: --help named no start_method= and no exit code 141, called exit 4 'a GPU fault (not retried)' (a GPU
+    fault is retried once), and the description still said spawn-safe, as pyproject's did."""
+    import tomllib
+
+    from rocm_yolo.run.profiles import LOADER_SETTINGS
+
+    text = " ".join(cli_module.build_parser().commands["train"].format_help().split())
+    assert [k for k in LOADER_SETTINGS if f"{k}=" not in text] == []
+    codes = [errors.OK, errors.FAILED, errors.USAGE, errors.SETUP, errors.SAME_FAILURE, errors.INTERNAL]
+    codes += [errors.HANGUP, errors.INTERRUPTED, errors.TERMINATED, errors.PIPE_CLOSED]
+    assert [c for c in codes if str(c) not in text.split("exit codes:", 1)[1]] == []
+    assert "came back after its one retry" in text and "spawn-safe" not in text
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert "spawn" not in pyproject["project"]["description"]

@@ -139,3 +139,68 @@ def test_the_docs_name_only_modules_and_files_that_exist():
             if module not in FILES or not hasattr(importlib.import_module(module), attr):
                 broken.append(f"{doc.name}: {dotted}")
     assert sorted(broken) == []
+
+
+# A measured figure: a time, a size or a rate with a decimal point or thousands (settings are whole numbers: 180 s,
+# 64 MB, 10 minutes), a ratio (1.12x, 12x), a share with a decimal point (0.09%). Code spans and blocks are commands
+# and quoted output, not claims.
+_UNIT = r"(?:s|ms|µs|us|min|minutes?|seconds?|h|hours?|B|KB|KiB|MB|MiB|GB|GiB|TB|it/s|images/s)"
+_NUM = r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+)"
+FIGURE = re.compile(rf"(?<![\w.])(?:{_NUM}\s?{_UNIT}(?![\w/])|\d+(?:\.\d+)?x(?!\w)|\d+\.\d+%)")
+# Where a figure comes from: the command that measures it, a lent GPU's report, v0.1 (measured by it: not again), or
+# a figure quoted from elsewhere, said so.
+PROVENANCE = re.compile(
+    r"python3?\s+benchmarks/\w+\.py|\bmake (?:demo|test|test-all|check)\b|docs/gpu/|\]\(gpu/[\w.-]+\.md"
+    r"|\bv0\.1\b|not measured here"
+)
+_ITEM = re.compile(r"^\s*(?:[-*]|\d+\.)\s")
+
+
+def _paragraphs(text: str) -> list[tuple[str, str]]:
+    """(a paragraph, a list item or a table, the text it is read with): a list item with the lines before its list,
+    a table with the paragraph before it (its caption). Code blocks are left out."""
+    blocks, current, fence = [], [], False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fence = not fence
+            continue
+        if fence or line.lstrip().startswith("#"):
+            continue
+        if line.strip():
+            current.append(line)
+        elif current:
+            blocks.append(current)
+            current = []
+    blocks += [current] if current else []
+    out, before = [], ""
+    for lines in blocks:
+        if lines[0].lstrip().startswith("|"):
+            table = "\n".join(lines)
+            out.append((table, table + "\n" + before))
+            continue
+        lead, items = [], []
+        for line in lines:
+            if _ITEM.match(line):
+                items.append([line])
+            elif items:
+                items[-1].append(line)
+            else:
+                lead.append(line)
+        head = "\n".join(lead)
+        out += [(head, head)] if head else []
+        out += [("\n".join(item), "\n".join(item) + "\n" + head) for item in items]
+        before = "\n".join(lines)
+    return out
+
+
+def test_every_measured_figure_names_its_command_its_report_or_its_source():
+    """Issue 43: a time, a size, a rate or a ratio in README.md or docs/*.md sits in a paragraph or table that names
+    the command that measured it (``python benchmarks/...``, ``make ...``) or a lent GPU's report in docs/gpu/; a
+    figure of v0.1 or of someone else's measurement says so."""
+    unsourced = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for text, read_with in _paragraphs(doc.read_text()):
+            figures = FIGURE.findall(re.sub(r"`[^`]*`", "", text))
+            if figures and not PROVENANCE.search(read_with):
+                unsourced.append(f"{doc.name}: {', '.join(figures[:4])}: {text[:100]!r}")
+    assert unsourced == []

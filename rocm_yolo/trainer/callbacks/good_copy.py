@@ -1,16 +1,20 @@
 """The verified copy of ``last.pt`` (``last_good.pt``), kept off the training thread.
 
 After every end-of-epoch save, ``last.pt`` is read back as ``torch.load`` reads it (every record its
-pickle names, the CRCs) and copied atomically and durably (temporary file, fsync, rename) to
-``last_good.pt``, the checkpoint a resume falls back to when ``last.pt`` was cut short. That costs
-0.05-0.1 s or more an epoch, depending on the disk: on short epochs (small data sets, fine-tuning,
+pickle names, the CRCs) and kept atomically as ``last_good.pt``, the checkpoint a resume falls back
+to when ``last.pt`` was cut short. Where every save replaces ``last.pt`` whole (the atomic saves of
+``patches/saves``: a temporary file renamed over it, never a write into it), the verified file
+itself is kept, by a hard link: no byte is written. Otherwise (a save patch is off) it is copied
+durably (temporary file, fsync, rename), which costs a read and a write of the checkpoint each epoch.
+The check costs a read of it either way: on short epochs (small data sets, fine-tuning,
 classification) too much for the training thread. So a background thread does it, and:
 
 - the next save waits for the previous copy first (at the end of the next epoch's training, before its
   validation), so there is never a moment without a good copy; and what is verified is the copy itself;
 - the last epoch's copy (``trainer.stop``: the final epoch, or early stopping) is made before the
-  training goes on, as the end of training strips ``last.pt`` right after: this copy keeps the
-  optimizer, from which ``--resume RUN --epochs N`` trains a finished run on;
+  training goes on, as the end of training strips ``last.pt`` right after: if that rewrite is cut short,
+  this copy is the epoch with its optimizer (a finished run then keeps none:
+  :func:`rocm_yolo.supervisor.restart.tidy_finished`);
 - the end of training (and a stop at the end of an epoch, e.g. ``time=``) waits for a copy in progress.
 
 Listeners hear each epoch whose copy was verified (the mid-epoch checkpoints of that epoch then go).
@@ -30,10 +34,11 @@ from rocm_yolo.run.events import RunLog
 class GoodCopy:
     """Ultralytics callbacks that keep ``last_good.pt``; they never break training."""
 
-    def __init__(self, log: RunLog, on_verified: tuple[Callable[[int], None], ...] = ()):
+    def __init__(self, log: RunLog, on_verified: tuple[Callable[[int], None], ...] = (), link: bool | None = None):
         self.log = log
         self.on_verified = on_verified
         self.copier: threading.Thread | None = None
+        self.link = replaced_whole() if link is None else link  # read once the patches are installed
 
     def on_model_save(self, trainer) -> None:
         self.wait()
@@ -63,7 +68,7 @@ class GoodCopy:
 
     def _copy(self, last: Path, epoch: int) -> None:
         try:
-            good = checkpoints.keep_good_copy(last)
+            good = checkpoints.keep_good_copy(last, link=self.link)
         except OSError as e:
             self.log.info(f"could not keep a verified copy of {last}: {e}")
             return
@@ -75,3 +80,11 @@ class GoodCopy:
                 listener(epoch)
             except Exception as e:  # noqa: BLE001 - housekeeping must not break training
                 self.log.info(f"after verifying {last}: {type(e).__name__}: {e}")
+
+
+def replaced_whole() -> bool:
+    """Whether every rewrite of ``last.pt`` replaces the file (temporary file, rename) instead of writing into it:
+    each epoch's save and the end of training's, both patched (:mod:`rocm_yolo.patches.saves`)."""
+    from rocm_yolo.patches.saves import epoch_save, final_save
+
+    return epoch_save.installed() and final_save.installed()

@@ -105,6 +105,12 @@ def setting(key: str, env=os.environ):
         return None
 
 
+def detection_layout(path: Path) -> bool:
+    """Whether the directory ``path`` is laid out as Ultralytics' detection-style tasks read it: ``images/`` beside
+    ``labels/`` (a label file is the image's path with ``images`` replaced by ``labels``: ``img2label_paths``)."""
+    return (path / "images").is_dir() and (path / "labels").is_dir()
+
+
 def datasets_dir(env=os.environ) -> Path | None:
     """Ultralytics' ``datasets_dir`` setting, read from its settings file without importing it."""
     found = setting("datasets_dir", env)

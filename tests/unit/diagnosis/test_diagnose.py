@@ -153,6 +153,18 @@ def test_a_trainer_waiting_for_its_dataloader_is_a_loader_hang():
     assert diagnose(Evidence("hang", stacks=stacks((10, "trainer", [threads])))).cls == LOADER
 
 
+def test_the_hang_report_names_only_the_tools_that_read_the_stacks():
+    """faulthandler where a process wrote its threads; py-spy only where it was installed and dumped a process (it
+    said "faulthandler, py-spy" where py-spy was not installed)."""
+    trainer = [("/x/torch/utils/data/dataloader.py", "_try_get_data"), *MAIN_TAIL]
+    plain = stacks((10, "trainer", [trainer]))
+    assert diagnose(Evidence("hang", stacks=plain)).why == "the stacks of the hung processes (faulthandler)"
+    refused = plain + "\n--- py-spy: no answer within 10 s\n"  # installed, and did not answer
+    assert diagnose(Evidence("hang", stacks=refused)).why == "the stacks of the hung processes (faulthandler)"
+    dumped = plain + '\n--- py-spy dump --native (exit 0):\nThread 10 (idle): "MainThread"\n    poll (libc.so.6)\n'
+    assert diagnose(Evidence("hang", stacks=dumped)).why == "the stacks of the hung processes (faulthandler, py-spy)"
+
+
 def test_every_rank_in_a_collective_is_a_collective_hang_but_one_rank_stuck_elsewhere_is_not():
     in_reduce = [("/x/torch/distributed/distributed_c10d.py", "all_reduce"), *MAIN_TAIL]
     in_backward = [("/x/torch/autograd/__init__.py", "backward"), *MAIN_TAIL]

@@ -43,7 +43,9 @@ def test_resuming_a_finished_run_is_refused_before_anything_is_written(tmp_path,
     run = tmp_path / "runs" / "detect" / "train"
     checkpoint(RunPaths(run).last, epoch)
     before = snapshot(tmp_path)
-    with pytest.raises(UsageError, match="has already finished all 3 epochs: train it further with --resume") as e:
+    with pytest.raises(
+        UsageError, match="has already finished all 3 epochs: train it further with rocm-yolo train --resume"
+    ) as e:
         prepare(resume=str(RunPaths(run).last))
     assert f"--resume {run} --epochs N" in str(e.value) and f"--model {RunPaths(run).last}" in str(e.value)
     assert snapshot(tmp_path) == before and not ownership.held(run)  # not even the lock file
@@ -60,25 +62,29 @@ def test_a_finished_run_with_a_damaged_last_pt_is_refused_and_the_damaged_file_s
     assert snapshot(tmp_path) == before  # not moved aside: nothing is changed
 
 
-def test_a_finished_run_trains_on_to_more_epochs_from_the_copy_it_keeps(tmp_path):
-    """--resume RUN --epochs N: the stripped last.pt becomes the kept copy (with its optimizer) again, only once
-    the run is held; fewer epochs than trained, or a finished run without a kept copy, are refused."""
+def test_a_finished_run_trains_on_to_more_epochs_from_its_last_pt(tmp_path):
+    """--resume RUN --epochs N of a finished run: from last.pt, stripped by the end of training (its weights; the
+    training process gives it a new optimizer), changing nothing before the run is held; fewer epochs than trained are
+    refused. A run that still has a checkpoint of its last epoch with the optimizer (an end cut short, or a run of an
+    older rocm-yolo that kept last_good.pt) goes on from that one, which becomes last.pt again."""
     run = tmp_path / "runs" / "detect" / "train"
     paths = RunPaths(run)
     checkpoint(paths.last, -1)  # stripped by the end of training
-    before = snapshot(tmp_path)
-    with pytest.raises(UsageError, match="keeps no copy with its optimizer") as e:
-        prepare(resume=str(run), epochs=5)
-    assert f"--model {paths.last} epochs=5" in str(e.value) and snapshot(tmp_path) == before
-    checkpoint(paths.last_good, 2)  # the verified copy of the last epoch's save
+    paths.results.write_text("epoch,loss\n1,0.5\n2,0.4\n3,0.3\n")
     before = snapshot(tmp_path)
     for few in (2, 3):
         with pytest.raises(UsageError, match="already finished all 3 epochs"):
             prepare(resume=str(run), epochs=few)
     assert snapshot(tmp_path) == before
     spec = prepare(resume=str(run), epochs=5)
+    assert spec.resume == str(paths.last) and spec.train_args["epochs"] == 5
+    assert any("from epoch 3 to 5, from the weights of last.pt" in n and "a new one starts" in n for n in spec.notes)
+    assert paths.last.read_bytes() == before["runs/detect/train/weights/last.pt"][1]  # the trainer makes it resumable
+    ownership.release(spec.run_dir)
+    checkpoint(paths.last_good, 2)  # an older run's verified copy of its last epoch's save, with the optimizer
+    spec = prepare(resume=str(run), epochs=5)
     assert spec.resume == str(paths.last) and paths.last.read_bytes() == paths.last_good.read_bytes()
-    assert spec.train_args["epochs"] == 5 and any("from epoch 3 to 5" in n for n in spec.notes)
+    assert any("from epoch 3 to 5, from last_good.pt" in n for n in spec.notes)
     ownership.release(spec.run_dir)
 
 
@@ -191,9 +197,9 @@ def test_a_number_that_is_not_finite_is_a_usage_error(tiny_data, tmp_path, extra
 @pytest.mark.parametrize("field", ["stall_timeout", "startup_grace"])
 def test_the_watchdog_refuses_a_timeout_that_would_switch_it_off(tiny_data, tmp_path, field):
     for value in (math.nan, math.inf, 0, -1):
-        with pytest.raises(UsageError, match="must be > 0 seconds"):
+        with pytest.raises(UsageError, match=f"--{field.replace('_', '-')} {value}: give a number of seconds > 0"):
             WatchdogConfig(**{field: value})
-    with pytest.raises(UsageError, match="must be > 0 seconds"):
+    with pytest.raises(UsageError, match=f"{field}=nan: give a number of seconds > 0"):
         rocm_yolo.train(data=str(tiny_data), project=str(tmp_path / "p"), **{field: math.nan})
     assert not (tmp_path / "p").exists()
 
@@ -287,3 +293,23 @@ def test_a_bare_resume_and_a_restart_look_only_at_the_users_own_checkpoints(tmp_
     linked.symlink_to(theirs)
     assert "symbolic link" in checkpoints.verify(linked)
     assert checkpoints.plan_resume_point(mine).path == mine
+
+
+def test_a_resume_on_gpus_the_machine_does_not_have_names_the_runs_device(tmp_path, monkeypatch):
+    """The run trained on GPU 3; resumed where the machine shows two: the line says it is the run's device (the user
+    gave none), and how to resume on what this machine has."""
+    from helpers import kfd_tree
+
+    monkeypatch.setenv("ROCM_YOLO_KFD_ROOT", str(kfd_tree(tmp_path / "kfd", 110000, 110000)))
+    for var in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    paths = RunPaths(tmp_path / "runs" / "detect" / "train")
+    fake_checkpoint(paths.last, pickle.dumps({"epoch": 0, "train_args": {"epochs": 3, "device": "3", "batch": 4}}))
+    before = snapshot(tmp_path / "runs")
+    with pytest.raises(UsageError) as caught:
+        prepare(resume=str(paths.last))
+    assert str(caught.value) == (
+        "the run trained on device 3, and this machine shows 2 GPU(s) to a run: resume on the GPUs it has with "
+        "--device 0"
+    )
+    assert snapshot(tmp_path / "runs") == before

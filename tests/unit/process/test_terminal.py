@@ -70,3 +70,22 @@ def test_what_the_trainer_prints_keeps_its_colours_and_loses_every_other_control
     text = "\r\x1b[K\x1b[1mbold\x1b[0m \x1b]0;title\x07\x1b[2J\x9bdone\n"
     assert guarded.write(text) == len(text)  # all of it taken, as the stream it stands for would say
     assert os.read(master, 4096) == b"\r\x1b[K\x1b[1mbold\x1b[0m ]0;title[2Jdone\r\n"
+
+
+def test_the_foreground_job_is_read_from_the_controlling_terminal():
+    """A process in a session of its own on a pseudo-terminal it controls is its foreground job; with no terminal
+    (a pipe), no answer."""
+    import subprocess
+    import sys
+
+    master, slave = os.openpty()
+    code = (
+        "import fcntl, os, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+        "from rocm_yolo.process.terminal import in_foreground; print(in_foreground((0,)), in_foreground((3,)))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], stdin=slave, capture_output=True, text=True, timeout=60, start_new_session=True
+    )
+    os.close(slave)
+    os.close(master)
+    assert r.stdout.split() == ["True", "None"], r.stderr

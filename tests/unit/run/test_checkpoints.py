@@ -71,3 +71,28 @@ def test_a_run_with_only_mid_epoch_checkpoints_is_found_and_resumable(tmp_path):
     assert checkpoints.find_latest(tmp_path / "runs") == paths.last
     assert checkpoints.choose_resume_point(paths.last)[0] == mid
     assert checkpoints.is_mid_checkpoint(mid) and not checkpoints.is_mid_checkpoint(paths.last)
+
+
+def test_the_verified_copy_of_a_file_only_ever_replaced_is_a_hard_link(tmp_path, monkeypatch):
+    """Issue 43: the saves replace last.pt whole, so its verified copy is the same file under a second name (no byte
+    written); the next save's new last.pt leaves it as it was. Where no link can be made, it is a copy; a file that
+    does not verify is not kept, and the previous copy stays."""
+    last = fake_checkpoint(tmp_path / "weights" / "last.pt")
+    good = checkpoints.keep_good_copy(last, link=True)
+    assert good.name == "last_good.pt" and os.path.samefile(last, good) and os.stat(last).st_nlink == 2
+    kept = good.read_bytes()
+    new = fake_checkpoint(tmp_path / "weights" / "new.pt", age=0)
+    os.replace(new, last)  # the next save: a new file in last.pt's place
+    assert good.read_bytes() == kept and not os.path.samefile(last, good) and os.stat(good).st_nlink == 1
+    (tmp_path / "weights" / "cut.pt").write_bytes(last.read_bytes()[:100])
+    os.replace(tmp_path / "weights" / "cut.pt", last)
+    assert checkpoints.keep_good_copy(last, link=True) is None and good.read_bytes() == kept  # the previous one stays
+    assert [p.name for p in (tmp_path / "weights").iterdir() if p.name.startswith(".")] == []  # no link left behind
+
+    def no_links(src, dst):
+        raise OSError(1, "Operation not permitted")  # a file system without hard links
+
+    fake_checkpoint(last)
+    monkeypatch.setattr(os, "link", no_links)
+    good = checkpoints.keep_good_copy(last, link=True)
+    assert good.read_bytes() == last.read_bytes() and not os.path.samefile(last, good)

@@ -378,3 +378,62 @@ def test_a_tree_that_waits_for_its_terminal_to_take_its_output_is_not_hung(spec)
 
     result = _supervisor(spec, child, clock, sleep, stop_self=lambda: None).run()
     assert result.exit_code == errors.OK and result.hangs == []
+
+
+class _Tree:
+    """A training tree that records its pauses."""
+
+    def __init__(self):
+        self.calls = []
+
+    def pause(self):
+        self.calls.append("pause")
+
+    def unpause(self):
+        self.calls.append("unpause")
+
+
+def test_a_write_retried_while_the_job_stops_stops_it_once_and_counts_its_time_once(monkeypatch):
+    """Issue 43: the thread relaying the trainer's stderr retries its write, and each try raises SIGTTOU again; each
+    re-entered the handler while it stopped the job: 29 fg's to continue, the time stopped counted 29 times."""
+    import signal
+    from types import SimpleNamespace
+
+    from rocm_yolo.supervisor import signals as module
+    from rocm_yolo.supervisor.signals import Signals
+
+    clock = Clock()
+    monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=lambda: clock.now))
+    stops = []
+    terminal = {"foreground": False}
+
+    def stop_self():  # stopped; the retried writes raise SIGTTOU again meanwhile; then fg
+        stops.append(1)
+        for _ in range(28):
+            signals._on_terminal(signal.SIGTTOU, None)
+            clock.now += 1  # stopped for 28 s in all
+        terminal["foreground"] = True  # fg: the job is the terminal's foreground job, and continued
+
+    signals = Signals(stop_self, foreground=lambda: terminal["foreground"])
+    signals.child = tree = _Tree()
+    signals._on_terminal(signal.SIGTTOU, None)
+    for _ in range(28):  # the signals still pending once continued: the same stop's
+        signals._on_terminal(signal.SIGTTOU, None)
+    assert stops == [1] and tree.calls == ["pause", "unpause"] and signals.terminal_stops == [signal.SIGTTOU]
+    assert signals.suspended_seconds == signals.unaccounted == 28  # once, not once per signal
+    terminal["foreground"] = False  # bg: continued in the background, the next write stops the job again
+    signals._on_terminal(signal.SIGTTOU, None)
+    assert stops == [1, 1] and tree.calls == ["pause", "unpause", "pause", "unpause"]
+
+
+def test_a_hangup_while_stopped_for_terminal_output_leaves_the_tree_stopped_for_the_stop():
+    """The terminal went away while the job was stopped: its SIGHUP (then SIGCONT) is the cause; the tree is not
+    continued to train, it is stopped (the loop kills it: exit 129)."""
+    import signal
+
+    from rocm_yolo.supervisor.signals import Signals
+
+    signals = Signals(lambda: signals._on_stop(signal.SIGHUP, None), foreground=lambda: None)
+    signals.child = tree = _Tree()
+    signals._on_terminal(signal.SIGTTOU, None)
+    assert tree.calls == ["pause"] and signals.exit_code() == errors.HANGUP == 129
