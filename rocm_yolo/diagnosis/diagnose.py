@@ -215,6 +215,25 @@ def _signal_death(e: Evidence, killed: tuple[int, int] | None) -> Diagnosis:
     return Diagnosis(UNKNOWN, title, "", (how,), {}, False, "a signal and no word from the process: nothing to name")
 
 
+FATAL = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
+
+
+def _native_fault(e: Evidence, text: str) -> Diagnosis | None:
+    """A death by a fatal signal (as the supervisor sees it, -SIG; as a shell says it, 128 + SIG) whose output places
+    the fault in a native frame of the GPU runtime's libraries (:data:`.vocabulary.FAULT_FRAMES`): the GPU's side."""
+    code = e.exit_code
+    number = -code if code is not None and code < 0 else code - 128 if code is not None and code > 128 else None
+    if number not in FATAL:
+        return None
+    found = vocabulary.first(text, vocabulary.FAULT_FRAMES)
+    if found is None:
+        return None
+    word, line = found
+    title = f"training process killed by {signal.Signals(number).name} in the GPU runtime ({line.strip()[:120]})"
+    why = f"{word.name} ({word.meaning}): {word.source}"
+    return Diagnosis(word.cls, title, f"{word.cls}: {signal.Signals(number).name} in the GPU runtime", (line,), why=why)
+
+
 def _sigkill_note(e: Evidence, line: str) -> str:
     """For a worker killed by SIGKILL: who usually sends it, and what the kernel log said of it."""
     if not re.search(r"killed by signal: Killed|killed by SIGKILL", line):
@@ -278,6 +297,9 @@ def _crash(e: Evidence) -> Diagnosis:
     from_traceback = _traceback_error(e, weak=False)
     if from_traceback is not None:
         return from_traceback
+    native = _native_fault(e, f"{text}\n" + "\n".join(e.kernel))
+    if native is not None:
+        return native
     if e.exit_code is not None and e.exit_code < 0:
         return _signal_death(e, None)
     return Diagnosis(

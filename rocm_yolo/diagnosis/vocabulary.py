@@ -99,6 +99,12 @@ ROCR_WAIT = (
     "default_signal.cpp:78 (BusyWaitSignal), inc/hsa.h:2062 (hsa_signal_wait_scacquire): a host thread waits for "
     "a signal the GPU sets when its work is done"
 )
+GPU_LIBRARIES = (
+    "the GPU runtime's shared libraries as ROCm and CUDA install them: ROCm/clr CMakeLists.txt (amdhip64), "
+    "ROCm/ROCR-Runtime (hsa-runtime64, hsakmt), ROCm/llvm-project amd/comgr (amd_comgr), ROCm/rocBLAS, ROCm/MIOpen, "
+    "ROCm/hipBLASLt, ROCm/rccl; NVIDIA's libcuda (the driver), libcudart, libnvrtc, libnccl; the kernel's segfault "
+    "line (arch/x86/mm/fault.c show_signal_msg: 'segfault at ADDR ip IP sp SP error N in LIB[...]')"
+)
 CUDNN = "NVIDIA cuDNN's cudnnGetErrorString (CUDNN_STATUS_*), printed by torch's aten/src/ATen/cudnn/Exceptions.h"
 ULTRALYTICS_DATA = "ultralytics/ultralytics ultralytics/data (load_image, verify_image_label, the label checks)"
 
@@ -382,6 +388,21 @@ WAITS: tuple[Word, ...] = (
         r"\brocr::core::\w*Signal::Wait\w*|\bhsa_signal_wait_\w+",
         ROCR_WAIT,
         "the main thread waits for a signal the GPU never set: the GPU stopped answering",
+    ),
+)
+
+# Where a process killed by a fatal signal (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) faulted, in a native frame of
+# its output: gdb's "#0 ... in ... from/at LIB", the kernel's "segfault at ... in LIB[...]". Read only for such a
+# death with no word of its own (diagnosis.diagnose): a fault inside the GPU runtime's libraries is the GPU's side.
+FAULT_FRAMES: tuple[Word, ...] = (
+    _w(
+        GPU_FAULT,
+        "a fault inside the GPU runtime's libraries",
+        r"\blib(?:amdhip64|hsa-runtime64|hsakmt|amd_comgr|rocblas|MIOpen|hipblaslt|rccl|cuda|cudart|nvrtc|nccl)"
+        r"\.so(?:\.\d+)*\b",
+        GPU_LIBRARIES,
+        "the process faulted in a native frame of the GPU runtime (HIP, HSA, the KFD's thunk, the code-object "
+        "loader, rocBLAS, MIOpen, RCCL, CUDA): the GPU's side, never the loader's",
     ),
 )
 

@@ -12,8 +12,6 @@ GOAL = 0.90  # issue 30: at least 90% right, no harmful call
 UNDECIDABLE = {
     # TensorFlow's "indices[...] is not in [0, 5001)": garbage indices from rocBLAS's wrong GEMM results on gfx803
     "rocblas1172-gfx803-tensile-garbage-embedding-indices",
-    # a SIGSEGV in the HIP runtime (a shell's exit 139) on an iGPU the build has no code objects for: no runtime word
-    "hip3282-barcelo-igpu-override",
     # a SIGSEGV at HIP's start-up (exit 139) and nothing else: a nightly's broken HSA runtime (its InitDma)
     "strixhalo-toolbox61-nightly-hsa-initdma-segv",
 }

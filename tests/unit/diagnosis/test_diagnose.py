@@ -502,3 +502,20 @@ def test_a_crash_report_counts_other_processes_kernel_lines_and_is_0640(tmp_path
     text = path.read_text()
     assert "kernel lines of other processes or cards (never this run's): 2" in text
     assert "Xorg" not in text and "chrome" not in text and stat.S_IMODE(os.stat(path).st_mode) == 0o640
+
+
+@pytest.mark.parametrize(
+    "code, text",
+    [
+        (-11, "#0  0x00007fffa6ed9cd8 in  () at /opt/rocm/hip/lib/libamdhip64.so.5"),  # gdb's frame
+        (139, "#3 0x7f12 in rocr::AMD::GpuAgent::InitDma() () from /opt/rocm/lib/libhsa-runtime64.so.1"),
+        (-7, "python3[4242]: segfault at 8 ip 00007f sp 00007f error 4 in libamdhip64.so.6.2.60200[7f3a+2e1000]"),
+    ],
+)
+def test_a_fatal_signal_in_a_frame_of_the_gpu_runtime_is_the_gpus_side_never_the_loaders(code, text):
+    found = diagnose(Evidence(failure="crash", exit_code=code, stderr=text))
+    assert found.cls == "gpu-fault" and "in the GPU runtime" in found.title and found.why
+    # the same frames with no fatal signal, or a fatal signal in another library, decide nothing
+    assert diagnose(Evidence(failure="crash", exit_code=1, stderr=text)).cls != "gpu-fault"
+    opencv = "#0 0x7f in cv::imread from libopencv_imgcodecs.so"
+    assert diagnose(Evidence(failure="crash", exit_code=-11, stderr=opencv)).cls == "unknown"
