@@ -220,6 +220,23 @@ def alive_beat(paths: RunPaths) -> int | None:
         return None
 
 
+FOLLOW_WITHIN = 10.0  # seconds a node whose ranks failed waits for another to open the next round first
+
+
+def later_round(paths: RunPaths, nodes: Nodes, clock, sleep, wait: float = FOLLOW_WITHIN) -> int | None:
+    """A later round than this node's that another node opened, not started yet, within ``wait`` seconds: that node
+    restarted first (its own failure made this node's ranks fail: they wait in its collectives), and this one
+    follows it. None when no node opened one meanwhile."""
+    deadline = clock() + wait
+    while True:
+        found = read_round(paths)
+        if found is not None and found.number > nodes.round and not found.started and found.stopped is None:
+            return found.number
+        if clock() >= deadline:
+            return None
+        sleep(0.5)
+
+
 def lost_nodes(paths: RunPaths, nodes: Nodes, clock, sleep, wait: float = LOST_AFTER) -> list[int]:
     """The other nodes whose supervisor did not raise its count within ``wait`` seconds of this one's clock (no
     other clock is read: the storage's times and the machines' may differ): gone, or cut off from the storage."""

@@ -186,7 +186,7 @@ class Supervisor:
                 )
             restart.remove_cut_writes(spec, self.log)  # no file of a checkpoint write the end of the tree cut short
             restart.remove_leftovers(spec)  # the dead processes' stack files, a killed trainer's /tmp/pymp-*
-        if end.state in (State.STALLED, State.CRASHED) and self._nodes_lost(spec):
+        if end.state in (State.STALLED, State.CRASHED) and self._failed_for_others(spec):
             return State.REGROUP, end.info  # another node is gone: no failure of this node's to diagnose
         if end.state in (State.STALLED, State.CRASHED):
             failure = self._diagnose(child, spec, end, pids, began)
@@ -194,9 +194,9 @@ class Supervisor:
             self._retrained(cut)
         return end.state, end.info
 
-    def _nodes_lost(self, spec: RunSpec) -> bool:
-        """Several machines: another node is gone since the last failure (its supervisor stopped answering)."""
-        return bool(restart.nodes_lost(spec, self.clock, self.sleep, self.log, self.gone))
+    def _failed_for_others(self, spec: RunSpec) -> bool:
+        """Several machines: the attempt failed for another node's sake (it restarted first, or it is gone)."""
+        return restart.failed_for_others(spec, self.clock, self.sleep, self.log, self.gone)
 
     def _ended(self, outcome: State, spec: RunSpec) -> RunResult | None:
         """The run's result when ``outcome`` ends the run; None when it calls for a restart."""

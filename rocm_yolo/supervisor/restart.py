@@ -23,7 +23,7 @@ from rocm_yolo.process.lifecycle import alive
 from rocm_yolo.run import checkpoints
 from rocm_yolo.run.atomic import copy_atomic, temporaries
 from rocm_yolo.run.events import FROM_PYTHON, RunLog, read_events
-from rocm_yolo.run.nodes import LOST_AFTER, NodeStop, join_round, lost_nodes, record_stop, stopped_node
+from rocm_yolo.run.nodes import LOST_AFTER, NodeStop, join_round, later_round, lost_nodes, record_stop, stopped_node
 from rocm_yolo.run.profiles import next_profile, resolve
 from rocm_yolo.run.spec import RunSpec, carry_over
 from rocm_yolo.run.supervisor_state import State
@@ -291,15 +291,33 @@ def next_round(spec: RunSpec, log: RunLog) -> RunSpec:
     return spec
 
 
-def nodes_lost(spec: RunSpec, clock, sleep, log: RunLog, gone: set[int]) -> list[int]:
-    """After a failed attempt on more than one machine: the other nodes gone since the last one (their supervisors
-    stopped answering), said in one line; the attempt failed for them, not for a cause of this node's. ``gone``: the
-    nodes known gone, kept up to date (one that answers again is no longer; one gone before is no cause now)."""
+def failed_for_others(spec: RunSpec, clock, sleep, log: RunLog, gone: set[int]) -> bool:
+    """After a failed attempt on more than one machine: whether it failed for another node's sake, said in one line:
+    a node restarted first and waits in a later round (its own failure made this node's ranks fail in its
+    collectives: this node follows it), or a node is gone since the last failure (:func:`nodes_lost`). Then there is
+    no cause of this node's to diagnose, and no restart to spend."""
     if spec.nodes is None:
-        return []
+        return False
     stop = stopped_node(spec.paths)
     if stop is not None and stop.node != spec.nodes.node:
-        return []  # a node that stopped for good said so: every node stops (other_node_stopped)
+        return False  # a node that stopped for good said so: every node stops (other_node_stopped)
+    later = later_round(spec.paths, spec.nodes, clock, sleep)
+    if later is not None:
+        log.event(
+            "follow",
+            f"another node restarted first and waits in round {later}: this node's ranks failed in its collectives, "
+            "not for a fault of their own; this node follows it there",
+            round=spec.nodes.round,
+            next_round=later,
+        )
+        return True
+    return bool(nodes_lost(spec, clock, sleep, log, gone))
+
+
+def nodes_lost(spec: RunSpec, clock, sleep, log: RunLog, gone: set[int]) -> list[int]:
+    """The other nodes gone since the last failure (their supervisors stopped answering), said in one line; the
+    attempt failed for them. ``gone``: the nodes known gone, kept up to date (one that answers again is no longer;
+    one gone before is no cause now)."""
     silent = lost_nodes(spec.paths, spec.nodes, clock, sleep)
     lost = [k for k in silent if k not in gone]
     gone.clear()

@@ -175,9 +175,13 @@ def test_a_worker_hang_on_node_1_is_recovered_by_both_nodes_from_one_checkpoint(
     assert hang["epoch"] == 2
     stacks = nodes.paths(1).hang_stacks(1).read_text()
     assert stacks.count("(rank,") == 2 and "block_forever" in stacks  # node 1's ranks, and the stuck worker
-    for k in (0, 1):  # each node restarted its own tree, into round 2, on the same profile
-        [restart] = nodes.node_events(k, "restart")
-        assert restart["profile"] == "single" and latest_spec(run, k).nodes.round == 2
+    [restart] = nodes.node_events(1, "restart")  # node 1 restarted its own tree on the next profile, into round 2
+    assert restart["profile"] == "single" and latest_spec(run, 1).nodes.round == 2
+    # node 0's ranks failed in the collectives of node 1's: it follows node 1 there, on its profile, with no cause of
+    # its own diagnosed and no restart spent
+    [follow] = nodes.node_events(0, "follow")
+    assert follow["next_round"] == 2 and not nodes.node_events(0, "restart") and not nodes.node_events(0, "crash")
+    assert latest_spec(run, 0).nodes.round == 2 and latest_spec(run, 0).profile == "single"
     assert read_round(RunPaths(run)) == Round(2, "single", started=True)
     resumed = [(e["rank"], e["epoch"], e["batch"]) for k in (0, 1) for e in nodes.node_events(k, "resumed")]
     assert sorted(r for r, _, _ in resumed) == [0, 1, 2, 3]  # every rank of both nodes resumed inside epoch 2 ...
