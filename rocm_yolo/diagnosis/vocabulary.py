@@ -105,6 +105,10 @@ GPU_LIBRARIES = (
     "ROCm/hipBLASLt, ROCm/rccl; NVIDIA's libcuda (the driver), libcudart, libnvrtc, libnccl; the kernel's segfault "
     "line (arch/x86/mm/fault.c show_signal_msg: 'segfault at ADDR ip IP sp SP error N in LIB[...]')"
 )
+GLOO_PAIR = (
+    "pytorch/gloo gloo/transport/tcp/pair.cc (Pair::handleReadWrite, signalException: 'Connection closed by peer', "
+    "'Timed out waiting ... for recv'), raised in the rank by torch's ProcessGroupGloo"
+)
 CUDNN = "NVIDIA cuDNN's cudnnGetErrorString (CUDNN_STATUS_*), printed by torch's aten/src/ATen/cudnn/Exceptions.h"
 ULTRALYTICS_DATA = "ultralytics/ultralytics ultralytics/data (load_image, verify_image_label, the label checks)"
 
@@ -336,6 +340,14 @@ WORDS: tuple[Word, ...] = (
         r"NCCL WARN (?:(?:Cuda|HIP|HSA) failure|Call to \S+ failed)[^\n]*|"
         r"Exception raised from ncclCommWatchdog at \S*ProcessGroupNCCL\.cpp[^\n]*",
         NCCL_ERRORS + "; " + TORCH_NCCL + "; " + TORCH_NCCL_FRAMES,
+    ),
+    _w(
+        COLLECTIVE,
+        "gloo's connection to another rank lost",
+        r"gloo/transport/tcp/(?:pair|unbound_buffer)\.cc:\d+\][^\n]*(?:Connection closed by peer|Connection reset by "
+        r"peer|Timed out waiting)[^\n]*",
+        GLOO_PAIR,
+        "a rank's gloo connection to another closed or timed out: the other rank (or its node) went away",
     ),
     # --- the loader's processes and their shared memory
     _w(

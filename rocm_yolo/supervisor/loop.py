@@ -24,7 +24,7 @@ from typing import Callable
 
 from rocm_yolo import errors, triage
 from rocm_yolo.diagnosis import remedies
-from rocm_yolo.diagnosis.classes import GPU_CLASSES, LADDER, P2P_OFF
+from rocm_yolo.diagnosis.classes import COLLECTIVE, GPU_CLASSES, LADDER, P2P_OFF
 from rocm_yolo.diagnosis.evidence import Machine
 from rocm_yolo.gpu.release import Release, wait_released
 from rocm_yolo.run.events import RunLog
@@ -190,6 +190,8 @@ class Supervisor:
             return State.REGROUP, end.info  # another node is gone: no failure of this node's to diagnose
         if end.state in (State.STALLED, State.CRASHED):
             failure = self._diagnose(child, spec, end, pids, began)
+            if failure is None:
+                return State.REGROUP, end.info
             cut = self.work.failed(end.state == State.STALLED and "hang" or "crash", end.at, end.stalled, failure.cls)
             self._retrained(cut)
         return end.state, end.info
@@ -316,8 +318,10 @@ class Supervisor:
         self.log.event("kill", f"stopping the training process tree (pid {child.pid})", pid=child.pid)
 
     # the cause, and its remedy --------------------------------------------------------------
-    def _diagnose(self, child: Child, spec: RunSpec, end: AttemptEnd, pids: list[int], began: float) -> Failure:
-        """What the failure was (:mod:`.failed`), and what to do about it (``self.decision``); recorded and said."""
+    def _diagnose(self, child: Child, spec: RunSpec, end: AttemptEnd, pids: list[int], began: float) -> Failure | None:
+        """What the failure was (:mod:`.failed`), and what to do about it (``self.decision``); recorded and said.
+        None: on several machines, a collective failure of this node's ranks whose cause another node restarted for
+        first (this node follows it)."""
         hang = end.state == State.STALLED
         self._failed_pids = sorted(set(pids) | {child.pid})
         found = diagnose_end(
@@ -330,6 +334,8 @@ class Supervisor:
             kernel_log=self.config.kernel_log,
             earlier=self.failures,
         )
+        if found.diagnosis.cls == COLLECTIVE and restart.follows_another(spec, self.clock, self.sleep, self.log):
+            return None
         failure, diagnosis = found.failure, found.diagnosis
         details = f"; details in {found.report}" if found.report else ""
         self.decision = found.decision

@@ -292,26 +292,33 @@ def next_round(spec: RunSpec, log: RunLog) -> RunSpec:
 
 
 def failed_for_others(spec: RunSpec, clock, sleep, log: RunLog, gone: set[int]) -> bool:
-    """After a failed attempt on more than one machine: whether it failed for another node's sake, said in one line:
-    a node restarted first and waits in a later round (its own failure made this node's ranks fail in its
-    collectives: this node follows it), or a node is gone since the last failure (:func:`nodes_lost`). Then there is
-    no cause of this node's to diagnose, and no restart to spend."""
+    """After a failed attempt on more than one machine: whether a node is gone since the last failure
+    (:func:`nodes_lost`), said in one line; the attempt failed for it, with no cause of this node's to diagnose and
+    no restart to spend."""
     if spec.nodes is None:
         return False
     stop = stopped_node(spec.paths)
     if stop is not None and stop.node != spec.nodes.node:
         return False  # a node that stopped for good said so: every node stops (other_node_stopped)
-    later = later_round(spec.paths, spec.nodes, clock, sleep)
-    if later is not None:
-        log.event(
-            "follow",
-            f"another node restarted first and waits in round {later}: this node's ranks failed in its collectives, "
-            "not for a fault of their own; this node follows it there",
-            round=spec.nodes.round,
-            next_round=later,
-        )
-        return True
     return bool(nodes_lost(spec, clock, sleep, log, gone))
+
+
+def follows_another(spec: RunSpec, clock, sleep, log: RunLog) -> bool:
+    """After an attempt on more than one machine whose ranks failed in a collective: whether another node restarted
+    first and waits in a later round (its own failure made this node's ranks fail in its collectives), said in one
+    line; this node follows it there, with no remedy of its own (the peer-to-peer one is for a collective that
+    fails by itself) and no restart spent."""
+    later = later_round(spec.paths, spec.nodes, clock, sleep) if spec.nodes is not None else None
+    if later is None:
+        return False
+    log.event(
+        "follow",
+        f"another node restarted first and waits in round {later}: this node's ranks failed in its collectives, "
+        "not for a fault of their own; this node follows it there",
+        round=spec.nodes.round,
+        next_round=later,
+    )
+    return True
 
 
 def nodes_lost(spec: RunSpec, clock, sleep, log: RunLog, gone: set[int]) -> list[int]:

@@ -249,10 +249,8 @@ def test_ctrl_z_stops_the_tree_with_the_supervisor_and_the_time_stopped_is_no_ha
 
 
 def test_on_several_machines_restarts_join_the_round_every_node_agrees_on_and_a_missing_node_ends_the_run(spec):
-    """A crash moves each node to the next round, on that round's profile (the first node to restart opened it): a
-    node that finds the next round open already follows it there, spending no restart (its ranks failed in the
-    collectives of the node that restarted first); a node that did not come to the rendezvous ends the run with
-    exit 1."""
+    """A crash moves each node to the next round, on that round's profile (the first node to restart opened it);
+    a node that did not come to the rendezvous ends the run with exit 1 and no restart."""
     from rocm_yolo.run.nodes import Nodes, join_round, mark_round_started, read_round
 
     nodes = Nodes(count=2, node=1, endpoint="127.0.0.1:29400", round=1)
@@ -268,8 +266,7 @@ def test_on_several_machines_restarts_join_the_round_every_node_agrees_on_and_a_
     result, made = supervise(spec, children, clock, config=replace(CONFIG, max_restarts=3))
     assert [(s.nodes.round, s.profile) for s in made] == [(1, "fast"), (2, "safe")]
     assert made[1].paths.node_dir.name == "node-1" and read_round(spec.paths).number == 2
-    assert result.exit_code == errors.FAILED and result.restarts == 0 and result.detail and result.node == 1
-    assert result.failures == []  # nothing of node 1's own to diagnose
+    assert result.exit_code == errors.FAILED and result.restarts == 1 and result.detail and result.node == 1
     assert result.paths.log == spec.paths.node_dir / "rocm-yolo.log"
 
 
@@ -440,3 +437,26 @@ def test_a_hangup_while_stopped_for_terminal_output_leaves_the_tree_stopped_for_
     signals.child = tree = _Tree()
     signals._on_terminal(signal.SIGTTOU, None)
     assert tree.calls == ["pause"] and signals.exit_code() == errors.HANGUP == 129
+
+
+def test_on_several_machines_ranks_failed_in_a_collective_follow_the_node_that_restarted_first(spec):
+    """Node 1's ranks failed in a collective (gloo lost its connection to node 0's ranks) while node 0, whose own
+    failure it was, restarted first and opened round 2: node 1 follows it there on that round's profile, with no
+    remedy of its own (not NCCL_P2P_DISABLE) and no restart spent. Alone (no round opened), the same failure is a
+    collective failure of its own."""
+    from rocm_yolo.run.nodes import Nodes, join_round, mark_round_started
+
+    nodes = Nodes(count=2, node=1, endpoint="127.0.0.1:29400", round=1)
+    spec = replace(spec, nodes=nodes, train_args={"epochs": 3, "device": "0,1"})
+    join_round(spec.paths, "fast")
+    mark_round_started(spec.paths, 1)
+    join_round(spec.paths.for_node(0), "safe", after=1)  # node 0 restarted first, and opened round 2
+    gloo = "RuntimeError: [third_party/gloo/gloo/transport/tcp/pair.cc:561] Connection closed by peer [10.0.0.1]:4242"
+    clock = AliveNode(spec.paths.for_node(0))
+    children = [
+        ScriptedChild(clock, {}, exit_at=1, code=1, stderr=gloo),
+        ScriptedChild(clock, {}, exit_at=1, code=errors.NODES_MISSING),
+    ]
+    result, made = supervise(spec, children, clock, config=replace(CONFIG, max_restarts=3))
+    assert [(s.nodes.round, s.profile) for s in made] == [(1, "fast"), (2, "safe")]
+    assert result.restarts == 0 and result.failures == [] and "NCCL_P2P_DISABLE" not in made[1].env
