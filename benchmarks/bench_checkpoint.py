@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_signals()
     try:
         with work_dir(a.dir, "bench-checkpoint-") as root:
-            from rocm_yolo.launch.demo import write_demo
+            from rocm_yolo.request.demo import write_demo
 
             print(f"work directory: {root}\n{machine_line()}", flush=True)
             command = " ".join(["python", f"benchmarks/{Path(__file__).name}", shlex.join(sys.argv[1:])]).strip()

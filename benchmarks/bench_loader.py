@@ -41,7 +41,7 @@ def write_data(root: Path, images: int, real: bool) -> Path:
         from _photos import write_photo_set
 
         return write_photo_set(root / "photos", train=images, val=8)
-    from rocm_yolo.launch.demo import write_demo
+    from rocm_yolo.request.demo import write_demo
 
     return write_demo(root / "synthetic", train=images, val=8, size=640)
 

@@ -27,7 +27,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def _add_train(sub) -> None:
-    from rocm_yolo.launch.train_request import add_arguments
+    from rocm_yolo.request.train_request import add_arguments
     from rocm_yolo.run.profiles import LOADER_SETTINGS
 
     p = sub.add_parser(
@@ -79,12 +79,12 @@ def cmd_profiles(args) -> int:
 
 
 def cmd_train(args, extra: list[str]) -> int:
-    from rocm_yolo import launch
+    from rocm_yolo.request import TrainRequest, prepare, supervise
 
-    request = launch.TrainRequest.from_args(args, extra)
+    request = TrainRequest.from_args(args, extra)
     config = request.watchdog_config()  # its errors before anything is claimed
-    spec = launch.prepare(request)
-    result = launch.supervise(spec, config, user_resume=request.resuming)  # it says how the run ended
+    spec = prepare(request)
+    result = supervise(spec, config, user_resume=request.resuming)  # it says how the run ended
     if request.data == "demo" and result.exit_code == errors.OK:
         from rocm_yolo.run.events import show
 

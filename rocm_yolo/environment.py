@@ -33,7 +33,7 @@ For tests and benchmarks only:
 Torch's launcher sets :data:`RANK`, :data:`LOCAL_RANK`, :data:`WORLD_SIZE` and :data:`LOCAL_WORLD_SIZE` in each rank,
 as Ultralytics reads them; rocm-yolo sets :data:`SHARE_RDZV_STORE_OFF` for it on more than one machine (pytorch#135712).
 
-Read from a scheduler, on more than one machine with no node flags (:mod:`rocm_yolo.launch.cluster`):
+Read from a scheduler, on more than one machine with no node flags (:mod:`rocm_yolo.request.cluster`):
 SLURM's :data:`SLURM_NNODES`, :data:`SLURM_NODEID` and :data:`SLURM_JOB_NODELIST` (older: :data:`SLURM_NODELIST`);
 :data:`MASTER_ADDR` and :data:`MASTER_PORT` win when set (no port given: the run draws its own).
 """

@@ -6,7 +6,7 @@ files say; and the round of the rendezvous they agree on. A node whose superviso
 machine cannot be asked whether it lives: its heartbeat's age says it.
 
 A run that is not running and not finished (stopped, failed, ...) also shows what a resume will start from: the
-checkpoint ``rocm-yolo train --resume RUN`` takes (:func:`rocm_yolo.launch.resume_target.resume_point`: the newest
+checkpoint ``rocm-yolo train --resume RUN`` takes (:func:`rocm_yolo.request.resume_target.resume_point`: the newest
 valid one, mid-epoch or ``last.pt``), read without torch. The heartbeat says where the run was last heard, which
 may be batches or epochs past it.
 
@@ -25,9 +25,9 @@ import psutil
 
 from rocm_yolo import errors
 from rocm_yolo.errors import UsageError
-from rocm_yolo.launch.resume_target import resume_point
 from rocm_yolo.process import kernel_view
 from rocm_yolo.process.lifecycle import alive
+from rocm_yolo.request.resume_target import resume_point
 from rocm_yolo.run import heartbeat
 from rocm_yolo.run.devices import Relayout, fits
 from rocm_yolo.run.heartbeat import Heartbeat

@@ -20,7 +20,7 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from helpers import EXPECT_VAR, Cli  # noqa: E402
-from rocm_yolo.launch.demo import write_demo  # noqa: E402
+from rocm_yolo.request.demo import write_demo  # noqa: E402
 from rocm_yolo.run.profiles import resolve  # noqa: E402
 from rocm_yolo.run.spec import RunSpec  # noqa: E402
 from taskdata import TASKS, write_task_data  # noqa: E402
@@ -60,7 +60,7 @@ def own_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-# A scheduler's variables form a multi-node job with no node flags (rocm_yolo.launch.cluster): inside a SLURM
+# A scheduler's variables form a multi-node job with no node flags (rocm_yolo.request.cluster): inside a SLURM
 # allocation every rocm-yolo the tests start would join one. The tests form the jobs they mean themselves.
 SCHEDULER_VARIABLES = (
     "SLURM_NNODES",

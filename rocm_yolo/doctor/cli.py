@@ -32,7 +32,7 @@ from rocm_yolo.doctor.report import (
     train_sizes,
 )
 from rocm_yolo.errors import UsageError
-from rocm_yolo.launch.demo import DEMO_DEFAULTS
+from rocm_yolo.request.demo import DEMO_DEFAULTS
 from rocm_yolo.run.profiles import DEFAULT_PROFILE, PROFILES
 from rocm_yolo.ultralytics_rules.tasks import CLASSIFY, DETECT, OBB, POSE, SEGMENT
 
@@ -49,7 +49,7 @@ def _option(help, **argparse_kwargs) -> dict:
 class DoctorRequest:
     """What the user asked ``rocm-yolo doctor`` for, unvalidated: one field per option, listed once, its flag, type
     and help in the field's metadata (:func:`add_arguments` builds the parser's options from them), as
-    :class:`~rocm_yolo.launch.train_request.TrainRequest` lists train's. :meth:`options` validates it into the
+    :class:`~rocm_yolo.request.train_request.TrainRequest` lists train's. :meth:`options` validates it into the
     :class:`~rocm_yolo.doctor.report.Options` the checks read."""
 
     data: str | None = field(
@@ -169,11 +169,11 @@ class DoctorRequest:
             return None
         data = Path(self.data).expanduser()
         if not data.exists() and self.data == "demo":
-            from rocm_yolo.launch.demo import write_demo
+            from rocm_yolo.request.demo import write_demo
 
             return write_demo()
         if not data.exists():
-            from rocm_yolo.launch.data_path import near, shipped_dataset
+            from rocm_yolo.request.data_path import near, shipped_dataset
 
             why = (
                 f"{self.data} is a data set Ultralytics downloads by name when a training starts, and the doctor "

@@ -75,7 +75,7 @@ def test_the_cli_and_the_trainers_entry_import_nothing_heavy():
     """``rocm-yolo --help`` answers at once; the child sets spawn before torch comes in."""
     names = [
         "rocm_yolo.cli",
-        "rocm_yolo.launch",
+        "rocm_yolo.request",
         "rocm_yolo.supervisor.loop",
         "rocm_yolo.status",
         "rocm_yolo.trainer.entry",

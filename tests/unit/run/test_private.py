@@ -121,7 +121,7 @@ def test_a_cache_folder_that_is_a_link_or_another_users_is_never_used(tmp_path, 
 
     from rocm_yolo import environment, errors
     from rocm_yolo.conv import selftest
-    from rocm_yolo.launch.demo import write_demo
+    from rocm_yolo.request.demo import write_demo
 
     cache = tmp_path / "cache"
     monkeypatch.setenv(environment.CACHE_DIR, str(cache))

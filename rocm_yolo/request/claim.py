@@ -19,8 +19,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from rocm_yolo.errors import UsageError, command, option
-from rocm_yolo.launch import ownership
-from rocm_yolo.launch.resume_target import resume_point
+from rocm_yolo.request import ownership
+from rocm_yolo.request.resume_target import resume_point
 from rocm_yolo.run.nodes import join_round
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import RunSpec, next_attempt

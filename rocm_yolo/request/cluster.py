@@ -30,7 +30,7 @@ from typing import Mapping
 
 from rocm_yolo import environment as env_names
 from rocm_yolo.errors import UsageError, option
-from rocm_yolo.launch.schedulers import SCHEDULERS
+from rocm_yolo.request.schedulers import SCHEDULERS
 from rocm_yolo.run.nodes import DEFAULT_RENDEZVOUS_TIMEOUT, Nodes
 
 DEFAULT_PORT = 29400  # torch's c10d rendezvous port, when a job gives neither a port nor a job id

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from rocm_yolo.errors import UsageError
-from rocm_yolo.launch import cluster, schedulers
+from rocm_yolo.request import cluster, schedulers
 from rocm_yolo.run.nodes import DEFAULT_RENDEZVOUS_TIMEOUT, Nodes
 
 

@@ -5,7 +5,7 @@ flag, type and help live in the field's metadata (:func:`add_arguments` builds t
 options from them, :meth:`TrainRequest.from_args` reads them back), and the Python API passes
 the same names as keywords (:meth:`TrainRequest.from_kwargs`). Anything that is not a field is
 an Ultralytics train argument or a loader setting (``KEY=VALUE``), kept in ``overrides``. The
-request is raw: :func:`rocm_yolo.launch.validation.make_spec` validates it into a run's spec, as
+request is raw: :func:`rocm_yolo.request.validation.make_spec` validates it into a run's spec, as
 ``torch.distributed.run`` goes ``config_from_args`` -> ``LaunchConfig`` -> ``elastic_launch``.
 """
 
@@ -226,7 +226,7 @@ class TrainRequest:
 
     def nodes(self, env: Mapping[str, str] = os.environ) -> Nodes | None:
         """The machines this request trains on (None: this one alone), from the node flags, else SLURM's variables."""
-        from rocm_yolo.launch.cluster import resolve
+        from rocm_yolo.request.cluster import resolve
 
         return resolve(self.nnodes, self.node_rank, self.rdzv_endpoint, self.rdzv_timeout, env)
 

@@ -1,4 +1,4 @@
-"""From a :class:`~rocm_yolo.launch.train_request.TrainRequest` to the first attempt's
+"""From a :class:`~rocm_yolo.request.train_request.TrainRequest` to the first attempt's
 :class:`~rocm_yolo.run.spec.RunSpec`: validated, with no side effects.
 
 The CLI and the Python API both come through :func:`make_spec`, so they validate the same
@@ -16,11 +16,11 @@ from pathlib import Path
 from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
 from rocm_yolo.errors import UsageError, command, option
 from rocm_yolo.gpu import count as gpu_count
-from rocm_yolo.launch import ram_cache
-from rocm_yolo.launch.data_path import check_model, default_model, resolve_data
-from rocm_yolo.launch.demo import DEMO_DEFAULTS
-from rocm_yolo.launch.resume_target import find_resume, run_args
-from rocm_yolo.launch.train_request import ULTRALYTICS_FLAGS, TrainRequest
+from rocm_yolo.request import ram_cache
+from rocm_yolo.request.data_path import check_model, default_model, resolve_data
+from rocm_yolo.request.demo import DEMO_DEFAULTS
+from rocm_yolo.request.resume_target import find_resume, run_args
+from rocm_yolo.request.train_request import ULTRALYTICS_FLAGS, TrainRequest
 from rocm_yolo.run import checkpoints, devices
 from rocm_yolo.run.midepoch import DEFAULT_CHECKPOINT_INTERVAL, CheckpointInterval, parse_interval
 from rocm_yolo.run.nodes import Nodes
@@ -257,7 +257,7 @@ def make_spec(request: TrainRequest) -> RunSpec:
     """Validate everything the user gave and return the spec of the first attempt, unclaimed.
 
     For a new run ``run_dir`` is the directory asked for (``project/name``, Ultralytics'
-    ``runs/TASK/NAME`` by default), which :func:`rocm_yolo.launch.claim.claim` takes or numbers
+    ``runs/TASK/NAME`` by default), which :func:`rocm_yolo.request.claim.claim` takes or numbers
     on; for a resume it is the run's own directory and ``resume`` the checkpoint named (or the
     run's ``last.pt``), from which ``claim`` chooses the newest valid one.
     """

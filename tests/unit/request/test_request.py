@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
+import rocm_yolo.request
 from helpers import Cli, fake_checkpoint, kfd_tree, prepare, request
-from rocm_yolo import launch
 from rocm_yolo.errors import UsageError
-from rocm_yolo.launch import ownership
-from rocm_yolo.launch.train_request import TrainRequest, parse_key_values
-from rocm_yolo.launch.validation import make_spec
+from rocm_yolo.request import ownership
+from rocm_yolo.request.train_request import TrainRequest, parse_key_values
+from rocm_yolo.request.validation import make_spec
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.ultralytics_rules import config as ucfg
@@ -72,7 +72,9 @@ def test_a_multi_gpu_run_needs_a_batch_each_gpu_gets_a_share_of(four_gpus, tiny_
         assert make_spec(TrainRequest(str(tiny_data), project=str(tmp_path / "p"), device=device, overrides=extra))
         return
     with pytest.raises(UsageError) as e:  # extra: KEY=VALUE
-        launch.prepare(TrainRequest(str(tiny_data), project=str(tmp_path / "p"), device=device, overrides=extra))
+        rocm_yolo.request.prepare(
+            TrainRequest(str(tiny_data), project=str(tmp_path / "p"), device=device, overrides=extra)
+        )
     assert message in str(e.value)
     assert not (tmp_path / "p").exists()  # refused before anything is written
 

@@ -11,16 +11,16 @@ import pytest
 
 from helpers import fake_checkpoint, prepare
 from rocm_yolo.errors import UsageError
-from rocm_yolo.launch import ownership
+from rocm_yolo.request import ownership
 from rocm_yolo.run.paths import RunPaths
 
 CLAIMER = """
 import json, sys, time
-from rocm_yolo import launch
+from rocm_yolo import request
 start = float(sys.argv[3])
 while time.time() < start:
     pass
-spec = launch.prepare(launch.TrainRequest(sys.argv[1], project=sys.argv[2], device="cpu"))
+spec = request.prepare(request.TrainRequest(sys.argv[1], project=sys.argv[2], device="cpu"))
 print("RUN", spec.run_dir, flush=True)
 sys.stdin.read()  # hold the run (and its lock) until the test lets go
 """
@@ -61,7 +61,7 @@ def test_a_held_run_is_refused_and_a_stale_lock_is_no_lock(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys; from rocm_yolo.launch import ownership; "
+            "import sys; from rocm_yolo.request import ownership; "
             f"ownership.acquire({str(run)!r}); print('held', flush=True); sys.stdin.read()",
         ],
         stdin=subprocess.PIPE,
@@ -86,7 +86,7 @@ def test_a_held_run_is_refused_and_a_stale_lock_is_no_lock(tmp_path):
 
 
 HOLDER = (
-    "import sys; from rocm_yolo.launch import ownership; "
+    "import sys; from rocm_yolo.request import ownership; "
     "ownership.acquire(sys.argv[1], None if sys.argv[2] == '-' else int(sys.argv[2])); "
     "print('held', flush=True); sys.stdin.read()"
 )

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from rocm_yolo.errors import UsageError
-from rocm_yolo.launch import ram_cache
-from rocm_yolo.launch.demo import write_demo
+from rocm_yolo.request import ram_cache
+from rocm_yolo.request.demo import write_demo
 from rocm_yolo.run.profiles import LoaderSettings
 from rocm_yolo.ultralytics_rules.data import cache as ucache
 

@@ -159,7 +159,7 @@ def resolve_data(data: str, task: str) -> tuple[str, list[str]]:
                 "'demo' is a detection data set: train it with a detection model "
                 f"(e.g. {option('model', 'yolo26n.yaml')}), or pass your own {task} data"
             )
-        from rocm_yolo.launch.demo import write_demo
+        from rocm_yolo.request.demo import write_demo
 
         return str(write_demo()), []
     path = Path(data).expanduser()

@@ -27,11 +27,11 @@ import threading
 import time
 from dataclasses import replace
 
-from rocm_yolo.launch import ownership
-from rocm_yolo.launch.claim import claim, remove_fresh_run, tidy_unstarted_run
-from rocm_yolo.launch.ending import say_how_it_ended, trained_before
-from rocm_yolo.launch.train_request import TrainRequest
-from rocm_yolo.launch.validation import make_spec
+from rocm_yolo.request import ownership
+from rocm_yolo.request.claim import claim, remove_fresh_run, tidy_unstarted_run
+from rocm_yolo.request.ending import say_how_it_ended, trained_before
+from rocm_yolo.request.train_request import TrainRequest
+from rocm_yolo.request.validation import make_spec
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.run.supervisor_state import State
 from rocm_yolo.supervisor.config import WatchdogConfig

@@ -12,7 +12,7 @@ import pytest
 
 from helpers import fake_checkpoint, prepare
 from rocm_yolo.errors import UsageError
-from rocm_yolo.launch.data_path import check_model
+from rocm_yolo.request.data_path import check_model
 
 
 @pytest.mark.parametrize(
