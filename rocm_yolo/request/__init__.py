@@ -33,7 +33,7 @@ from rocm_yolo.request.ending import say_how_it_ended, trained_before
 from rocm_yolo.request.train_request import TrainRequest
 from rocm_yolo.request.validation import make_spec
 from rocm_yolo.run.spec import RunSpec
-from rocm_yolo.run.supervisor_state import State
+from rocm_yolo.run.supervisor_state import RunState
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.loop import Supervisor
 from rocm_yolo.supervisor.states import RunResult
@@ -77,9 +77,9 @@ def supervise(spec: RunSpec, config: WatchdogConfig, *, user_resume: bool = Fals
                 signal.signal(sig, handler)
     finally:
         ownership.release(spec.run_dir, spec.node)
-    if result.state == State.USAGE_ERROR and spec.resume is None:
+    if result.state == RunState.USAGE_ERROR and spec.resume is None:
         remove_fresh_run(spec)
-    if spec.resume is None and not spec.created and not spec.node and result.state != State.FINISHED:
+    if spec.resume is None and not spec.created and not spec.node and result.state != RunState.FINISHED:
         tidy_unstarted_run(spec, started)  # a reused folder is the user's: what this run did not get to use goes back
     say_how_it_ended(result, before)
     return result

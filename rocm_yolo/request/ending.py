@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from rocm_yolo.run.events import RunLog, show
 from rocm_yolo.run.spec import RunSpec
-from rocm_yolo.run.supervisor_state import State
+from rocm_yolo.run.supervisor_state import RunState
 from rocm_yolo.supervisor.states import RunResult
 from rocm_yolo.ultralytics_rules.checkpoint import last_epoch, summary
 
@@ -28,7 +28,7 @@ def trained_before(spec: RunSpec) -> int:
 def end_line(result: RunResult, before: int = 0) -> tuple[str, bool]:
     """(the line that says how the run ended, whether the terminal is to be told it: not what it was told already)."""
     paths = result.paths
-    if result.state == State.FINISHED:
+    if result.state == RunState.FINISHED:
         epochs = last_epoch(paths.results)
         trained = f"{epochs} epoch{'s' if epochs != 1 else ''}"
         if 0 < before < epochs:  # a resume: the epochs of this run, not the run's whole count
@@ -42,7 +42,7 @@ def end_line(result: RunResult, before: int = 0) -> tuple[str, bool]:
         )
         # time stopped by Ctrl-Z or a terminal's job control: none of it
         return f"done: {trained} in {result.running_seconds:.1f} s{extra}; weights: {paths.last} and {paths.best}", True
-    if result.state == State.FAILED:
+    if result.state == RunState.FAILED:
         why = f" (exit {result.exit_code}: {result.verdict[0]})" if result.verdict else f" (exit {result.exit_code})"
         return f"failed after {result.restarts} restart(s){why}; see {paths.log}", result.detail is None
     return f"ended: {result.state.value.replace('_', ' ')} (exit {result.exit_code})", False

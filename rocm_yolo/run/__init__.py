@@ -16,7 +16,8 @@ cross-process or on-disk contract is a typed record beside its codec:
 - :mod:`.midepoch`: ``--checkpoint-every`` and its default, and ``MidEpochState``, rocm-yolo's record inside a
   mid-epoch checkpoint;
 - :mod:`.heartbeat`: the pipe protocol: heartbeat records, position lines, a rank's exit line;
-- :mod:`.supervisor_state`: ``SupervisorState``, ``supervisor.json``, the run's state as the supervisor wrote it;
+- :mod:`.supervisor_state`: ``SupervisorState``, ``supervisor.json``, the run as the supervisor wrote it (its
+  ``RunState``);
 - :mod:`.events`: the run log and the events file;
 - :mod:`.hooks`: the hook points tests and benchmarks answer (plugins named in ``ROCM_YOLO_PLUGINS``).
 """

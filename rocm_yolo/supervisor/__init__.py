@@ -7,7 +7,7 @@ same one once the GPU is released, RCCL's peer-to-peer off, or a stop with a ver
 the user (the terminal, events.jsonl, a notify command, metrics.prom).
 
 - :mod:`.config`: ``WatchdogConfig``, every watchdog default in one place;
-- :mod:`.states`: how an attempt ends a run, and ``RunResult``;
+- :mod:`.states`: ``AttemptState``, an attempt's states, how an attempt ends a run, and ``RunResult``;
 - :mod:`.loop`: ``Supervisor``, the monitor loop (policy): one attempt after another, each failure's remedy;
 - :mod:`.watch`: one attempt watched to its end (finished, crashed, stalled), as a typed ``AttemptEnd``;
 - :mod:`.failed`: a stalled or crashed attempt's end, its evidence diagnosed, its report written, its remedy decided;

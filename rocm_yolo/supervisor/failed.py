@@ -20,7 +20,8 @@ from rocm_yolo.diagnosis.diagnose import diagnose
 from rocm_yolo.diagnosis.evidence import Machine
 from rocm_yolo.diagnosis.record import Diagnosis
 from rocm_yolo.run.spec import RunSpec
-from rocm_yolo.run.supervisor_state import Failure, Hang, State
+from rocm_yolo.run.supervisor_state import Failure, Hang
+from rocm_yolo.supervisor.states import AttemptState
 from rocm_yolo.supervisor.watch import AttemptEnd, where
 
 
@@ -49,7 +50,7 @@ def diagnose_end(
     """Diagnose the attempt of ``spec`` that ended as ``end`` (STALLED or CRASHED): ``pids`` its processes,
     ``began``/``ended`` its wall-clock span (the kernel log's lines outside it are not its), ``kernel_log`` a file
     read instead of the system's, ``earlier`` this run's failures before it (the remedy counts them)."""
-    hang = end.state == State.STALLED
+    hang = end.state == AttemptState.STALLED
     report = spec.paths.hang_stacks(spec.attempt) if hang else spec.paths.crash(spec.attempt)
     found = evidence.gather(
         spec,

@@ -31,7 +31,7 @@ from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.nodes import SayAlive
 from rocm_yolo.run.spec import RunSpec
-from rocm_yolo.run.supervisor_state import Failure, Recovery, State, Still, read_state, write_state
+from rocm_yolo.run.supervisor_state import Failure, Recovery, RunState, Still, read_state, write_state
 from rocm_yolo.supervisor import restart
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.failed import diagnose_end, hang_of
@@ -48,7 +48,7 @@ from rocm_yolo.supervisor.restart import (
 )
 from rocm_yolo.supervisor.signals import Signals
 from rocm_yolo.supervisor.stall import Startup
-from rocm_yolo.supervisor.states import RUN_EXIT, RunResult
+from rocm_yolo.supervisor.states import RUN_EXIT, AttemptState, RunResult
 from rocm_yolo.supervisor.trainer_process import Child, TrainerProcess
 from rocm_yolo.supervisor.watch import AttemptEnd, Watch
 
@@ -137,13 +137,13 @@ class Supervisor:
             if self.interrupted is not None:  # a signal during the previous kill: start nothing new
                 return self._interrupted(spec)
             outcome, info = self._attempt(spec)
-            if outcome == State.REGROUP:  # several machines: the nodes meet again in a later round
+            if outcome == AttemptState.REGROUP:  # several machines: the nodes meet again in a later round
                 spec = restart.next_round(spec, self.log)
                 continue
             stopped = restart.other_node_stopped(spec, outcome, self.log)  # several machines: a node stopped for good
             if stopped is not None:
                 self.result.detail = stopped.describe(spec.nodes.count)
-                return self._finish(State.FAILED, spec, stopped.exit_code)
+                return self._finish(RunState.FAILED, spec, stopped.exit_code)
             ended = self._ended(outcome, spec)
             if ended is not None:
                 return ended
@@ -151,32 +151,32 @@ class Supervisor:
                 return self._stop(spec)
             if restarts_left <= 0:
                 self.log.event("give_up", f"{info}; no restarts left (--max-restarts {self.config.max_restarts})")
-                return self._finish(State.FAILED, spec)
+                return self._finish(RunState.FAILED, spec)
             restarts_left -= 1
             spec = self._restart(spec, restarts_left)
             if spec.resume and trained_all(spec, spec.resume):  # e.g. a crash in the end of training's rewrite
                 self.log.info("the checkpoint shows the run finished all its epochs")
                 self.result.detail = tidy_finished(spec, self.log, cut_short=True)  # what of its end did not happen
-                return self._finish(State.FINISHED, spec)
+                return self._finish(RunState.FINISHED, spec)
 
-    def _attempt(self, spec: RunSpec) -> tuple[State, str]:
+    def _attempt(self, spec: RunSpec) -> tuple[AttemptState, str]:
         """Start one child and watch it to its end: (how the attempt ended, what to say if it failed)."""
         began = time.time()  # the kernel log's lines from here on are this attempt's
         try:
             child = self.child_factory(spec, self.config)
         except OSError as e:  # the spec could not be written (disk full, read-only) or no process
             self._cannot_start(e)
-            return State.SETUP_FAILED, ""
-        self._write_state(State.RUNNING, spec, child_pid=child.pid)
+            return AttemptState.SETUP_FAILED, ""
+        self._write_state(RunState.RUNNING, spec, child_pid=child.pid)
         if spec is self.spec:
             self.reporter.event("started", None, attempt=spec.attempt, profile=spec.profile, say=False, pid=child.pid)
         pids: list[int] = []
         try:
             end = self._watch(child, spec)
             self._heard(end.hb)
-            if end.state in (State.STALLED, State.CRASHED):
+            if end.state in (AttemptState.STALLED, AttemptState.CRASHED):
                 pids = child.pids()  # before the kill: the KFD lists them until the GPU lets them go
-            if end.state == State.STALLED:
+            if end.state == AttemptState.STALLED:
                 self._hung(end, child)
         finally:
             left = child.kill()  # the tree goes on every path: done, stalled, crashed, interrupted
@@ -186,11 +186,12 @@ class Supervisor:
                 )
             restart.remove_cut_writes(spec, self.log)  # no file of a checkpoint write the end of the tree cut short
             restart.remove_leftovers(spec)  # the dead processes' stack files, a killed trainer's /tmp/pymp-*
-        if end.state in (State.STALLED, State.CRASHED) and self._nodes_lost(spec):
-            return State.REGROUP, end.info  # another node is gone: no failure of this node's to diagnose
-        if end.state in (State.STALLED, State.CRASHED):
+        if end.state in (AttemptState.STALLED, AttemptState.CRASHED) and self._nodes_lost(spec):
+            return AttemptState.REGROUP, end.info  # another node is gone: no failure of this node's to diagnose
+        if end.state in (AttemptState.STALLED, AttemptState.CRASHED):
             failure = self._diagnose(child, spec, end, pids, began)
-            cut = self.work.failed(end.state == State.STALLED and "hang" or "crash", end.at, end.stalled, failure.cls)
+            cause = "hang" if end.state == AttemptState.STALLED else "crash"
+            cut = self.work.failed(cause, end.at, end.stalled, failure.cls)
             self._retrained(cut)
         return end.state, end.info
 
@@ -198,28 +199,28 @@ class Supervisor:
         """Several machines: another node is gone since the last failure (its supervisor stopped answering)."""
         return bool(restart.nodes_lost(spec, self.clock, self.sleep, self.log, self.gone))
 
-    def _ended(self, outcome: State, spec: RunSpec) -> RunResult | None:
+    def _ended(self, outcome: AttemptState, spec: RunSpec) -> RunResult | None:
         """The run's result when ``outcome`` ends the run; None when it calls for a restart."""
-        if outcome == State.SUCCEEDED:
+        if outcome == AttemptState.SUCCEEDED:
             tidy_finished(spec, self.log)
-            return self._finish(State.FINISHED, spec)
-        if outcome == State.INTERRUPTED:
+            return self._finish(RunState.FINISHED, spec)
+        if outcome == AttemptState.INTERRUPTED:
             return self._interrupted(spec)
-        if outcome in (State.USAGE_ERROR, State.INTERNAL_ERROR):
-            return self._finish(outcome, spec)
-        if outcome == State.FAILED:  # more than one machine: a node did not come back (the child's line names it)
+        if outcome in (AttemptState.USAGE_ERROR, AttemptState.INTERNAL_ERROR):
+            return self._finish(outcome.run_end, spec)
+        if outcome == AttemptState.FAILED:  # several machines: a node did not come back (the child's line names it)
             self.result.detail = "a node did not come to the rendezvous"
-            return self._finish(State.FAILED, spec)
-        if outcome == State.SETUP_FAILED:
+            return self._finish(RunState.FAILED, spec)
+        if outcome == AttemptState.SETUP_FAILED:
             self._say_what_is_kept(spec)
             self.result.detail = environment_error(spec)  # status says why (a full disk mid-training, say)
-            return self._finish(State.SETUP_FAILED, spec)
-        if outcome == State.ALREADY_FINISHED:
+            return self._finish(RunState.SETUP_FAILED, spec)
+        if outcome == AttemptState.ALREADY_FINISHED:
             if self.user_resume and spec is self.spec:
-                return self._finish(State.USAGE_ERROR, spec)
+                return self._finish(RunState.USAGE_ERROR, spec)
             self.log.info("the checkpoint shows the run finished all its epochs")
             tidy_finished(spec, self.log)
-            return self._finish(State.FINISHED, spec)
+            return self._finish(RunState.FINISHED, spec)
         return None
 
     def _restart(self, spec: RunSpec, restarts_left: int) -> RunSpec:
@@ -279,7 +280,7 @@ class Supervisor:
 
         def still(pids: list[int], since: float | None, stopped: bool) -> None:  # status says it
             self.result.still = Still(since, stopped, pids or None) if since is not None else None
-            self._write_state(State.RUNNING, spec, child_pid=child.pid)
+            self._write_state(RunState.RUNNING, spec, child_pid=child.pid)
 
         return Watch(
             child,
@@ -318,7 +319,7 @@ class Supervisor:
     # the cause, and its remedy --------------------------------------------------------------
     def _diagnose(self, child: Child, spec: RunSpec, end: AttemptEnd, pids: list[int], began: float) -> Failure:
         """What the failure was (:mod:`.failed`), and what to do about it (``self.decision``); recorded and said."""
-        hang = end.state == State.STALLED
+        hang = end.state == AttemptState.STALLED
         self._failed_pids = sorted(set(pids) | {child.pid})
         found = diagnose_end(
             spec,
@@ -384,7 +385,7 @@ class Supervisor:
             self.log.info(line)
         self.result.verdict = [decision.reason, *decision.verdict]
         self._say_what_is_kept(spec)
-        return self._finish(State.FAILED, spec, decision.exit_code)
+        return self._finish(RunState.FAILED, spec, decision.exit_code)
 
     def _note_recovered(self, now: float, spec: RunSpec, child_pid: int, hb: Heartbeat) -> None:
         since = self._recovering_since
@@ -405,7 +406,7 @@ class Supervisor:
                 )
             self._retrained(None if record.retrained_batches and self.work.retraining else record)
         if since is not None or record is not None:
-            self._write_state(State.RUNNING, spec, child_pid=child_pid)
+            self._write_state(RunState.RUNNING, spec, child_pid=child_pid)
 
     def _retrained(self, record: Recovery | None) -> None:
         """A restart's retraining is over: a hang's time lost includes it."""
@@ -413,14 +414,14 @@ class Supervisor:
             self.result.lost_seconds += record.retrain_seconds or 0.0
 
     # results -------------------------------------------------------------------------------
-    def _finish(self, state: State, spec: RunSpec, code: int | None = None) -> RunResult:
+    def _finish(self, state: RunState, spec: RunSpec, code: int | None = None) -> RunResult:
         self.result.state = state
         self.result.exit_code = RUN_EXIT[state] if code is None else code
         self.result.wall_seconds = time.time() - self.result.started
         self.result.suspended_seconds = self.signals.suspended_seconds
         restart.tell_other_nodes(spec, self.result, self.log)  # several machines: a node that stops for good says so
         self._write_state(state, spec)
-        kind = {State.FINISHED: "finished", State.INTERRUPTED: "stopped"}.get(state, "failed")
+        kind = {RunState.FINISHED: "finished", RunState.INTERRUPTED: "stopped"}.get(state, "failed")
         last = self.failures[-1] if self.failures and kind == "failed" else None
         reason = self.result.verdict[0] if self.result.verdict else None
         self.reporter.event(
@@ -441,10 +442,10 @@ class Supervisor:
         done = after_stop(spec, self.log)  # a stop in the end of training: the run is done
         if done is not None:
             self.result.detail = done
-            return self._finish(State.FINISHED, spec, code)
-        return self._finish(State.INTERRUPTED, spec, code)
+            return self._finish(RunState.FINISHED, spec, code)
+        return self._finish(RunState.INTERRUPTED, spec, code)
 
-    def _write_state(self, state: State, spec: RunSpec, child_pid: int | None = None) -> None:
+    def _write_state(self, state: RunState, spec: RunSpec, child_pid: int | None = None) -> None:
         record = self.result
         record.state, record.child_pid, record.attempt, record.profile = state, child_pid, spec.attempt, spec.profile
         record.updated = time.time()

@@ -26,8 +26,8 @@ from rocm_yolo.run.events import FROM_PYTHON, RunLog, read_events
 from rocm_yolo.run.nodes import LOST_AFTER, NodeStop, join_round, lost_nodes, record_stop, stopped_node
 from rocm_yolo.run.profiles import next_profile, resolve
 from rocm_yolo.run.spec import RunSpec, carry_over
-from rocm_yolo.run.supervisor_state import State
-from rocm_yolo.supervisor.states import RunResult
+from rocm_yolo.run.supervisor_state import RunState
+from rocm_yolo.supervisor.states import AttemptState, RunResult
 from rocm_yolo.ultralytics_rules.checkpoint import summary
 
 
@@ -252,7 +252,8 @@ def remove_cut_writes(spec: RunSpec, log: RunLog) -> list[str]:
 
 # --------------------------------------------------------------------------- more than one machine
 
-FOR_GOOD = (State.USAGE_ERROR, State.SETUP_FAILED, State.INTERNAL_ERROR, State.FAILED)  # no restart of its own
+# the run's ends that no restart of its own follows
+FOR_GOOD = (RunState.USAGE_ERROR, RunState.SETUP_FAILED, RunState.INTERNAL_ERROR, RunState.FAILED)
 
 
 def tell_other_nodes(spec: RunSpec, result: RunResult, log: RunLog) -> None:
@@ -327,10 +328,10 @@ def nodes_lost(spec: RunSpec, clock, sleep, log: RunLog, gone: set[int]) -> list
     return lost
 
 
-def other_node_stopped(spec: RunSpec, outcome: State, log: RunLog) -> NodeStop | None:
+def other_node_stopped(spec: RunSpec, outcome: AttemptState, log: RunLog) -> NodeStop | None:
     """On more than one machine, after an attempt that failed (``outcome``): another node stopped for good (its record
     in ``round.json``), so this one stops too, said in one line naming the node and its reason; None otherwise."""
-    if spec.nodes is None or outcome not in (State.CRASHED, State.STALLED, State.FAILED):
+    if spec.nodes is None or outcome not in (AttemptState.CRASHED, AttemptState.STALLED, AttemptState.FAILED):
         return None
     found = stopped_node(spec.paths)
     if found is None or found.node == spec.nodes.node:
@@ -350,13 +351,17 @@ def _reason(spec: RunSpec, result: RunResult) -> str:
     """Why this node's run ends, in one line: its verdict, or what its processes said of the error."""
     if result.verdict:
         return str(result.verdict[0])
-    kinds = {State.INTERNAL_ERROR: "internal_error", State.USAGE_ERROR: "user_error", State.SETUP_FAILED: "setup_error"}
+    kinds = {
+        RunState.INTERNAL_ERROR: "internal_error",
+        RunState.USAGE_ERROR: "user_error",
+        RunState.SETUP_FAILED: "setup_error",
+    }
     kind = kinds.get(result.state)
     said = [e for e in read_events(spec.paths.events) if kind and e.get("event") == kind and e.get("error")]
     if said:
         prefix = {"internal_error": "internal error", "user_error": "error"}.get(kind, "environment error")
         return f"{prefix}: {said[-1]['error']}"
-    if result.state == State.INTERNAL_ERROR:
+    if result.state == RunState.INTERNAL_ERROR:
         return "internal error"
     if result.detail:
         return result.detail

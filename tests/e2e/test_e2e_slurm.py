@@ -26,7 +26,7 @@ from rocm_yolo.run import checkpoints, heartbeat
 from rocm_yolo.run.nodes import read_round
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import latest_spec
-from rocm_yolo.run.supervisor_state import State, read_state
+from rocm_yolo.run.supervisor_state import RunState, read_state
 
 pytestmark = pytest.mark.multinode
 
@@ -106,7 +106,7 @@ def test_scancel_stops_both_nodes_and_the_job_submitted_again_resumes_every_epoc
     stopped = f"Exited with exit code {errors.TERMINATED}"
     assert task_ends(text) == {0: stopped, 1: stopped}, text[-3000:]
     assert text.count("rocm-yolo: stopped by SIGTERM; the training process tree is gone") == 2, text[-3000:]
-    assert all(read_state(RunPaths(run, k)).state == State.INTERRUPTED for k in (0, 1))
+    assert all(read_state(RunPaths(run, k)).state == RunState.INTERRUPTED for k in (0, 1))
     assert cli.leftovers() == [] and "Traceback" not in text
     weights = run / "weights"
     assert 1 <= len(epochs_in(run)) < 4 and checkpoints.verify(weights / "last.pt") is None
@@ -128,5 +128,5 @@ def test_scancel_stops_both_nodes_and_the_job_submitted_again_resumes_every_epoc
         nodes = latest_spec(run, k).nodes
         assert (nodes.count, nodes.node, nodes.source) == (2, k, "SLURM")
         assert nodes.endpoint == f"n1:{read_round(RunPaths(run, k)).port}"  # the run's own port, both jobs
-        assert read_state(RunPaths(run, k)).state == State.FINISHED
+        assert read_state(RunPaths(run, k)).state == RunState.FINISHED
     assert cli.leftovers() == []

@@ -13,7 +13,7 @@ import rocm_yolo
 from rocm_yolo import errors, request
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run.events import FROM_PYTHON
-from rocm_yolo.run.supervisor_state import State
+from rocm_yolo.run.supervisor_state import RunState
 from rocm_yolo.supervisor.states import RunResult
 
 
@@ -22,7 +22,7 @@ def test_an_interrupted_run_raises_keyboard_interrupt_with_its_result(monkeypatc
 
     def interrupted(request):
         seen.append(FROM_PYTHON.get())  # the supervisor's advice is given in Python
-        return RunResult(state=State.INTERRUPTED, exit_code=errors.INTERRUPTED, run_dir=str(tmp_path))
+        return RunResult(state=RunState.INTERRUPTED, exit_code=errors.INTERRUPTED, run_dir=str(tmp_path))
 
     monkeypatch.setattr(request, "train", interrupted)
     with pytest.raises(KeyboardInterrupt) as caught:
@@ -32,7 +32,7 @@ def test_an_interrupted_run_raises_keyboard_interrupt_with_its_result(monkeypatc
 
 
 def test_another_end_is_returned(monkeypatch, tmp_path):
-    failed = RunResult(state=State.FAILED, exit_code=errors.FAILED, run_dir=str(tmp_path))
+    failed = RunResult(state=RunState.FAILED, exit_code=errors.FAILED, run_dir=str(tmp_path))
     monkeypatch.setattr(request, "train", lambda request: failed)
     assert rocm_yolo.train("d.yaml") is failed
 

@@ -16,7 +16,7 @@ from helpers import fake_checkpoint
 from rocm_yolo import errors
 from rocm_yolo.run.events import RunLog, read_events
 from rocm_yolo.run.nodes import Nodes, NodeStop, join_round, mark_round_started, read_round, record_stop
-from rocm_yolo.run.supervisor_state import State
+from rocm_yolo.run.supervisor_state import RunState
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.restart import remove_cut_writes, remove_leftovers, tell_other_nodes, tidy_finished
 from rocm_yolo.supervisor.states import RunResult
@@ -150,7 +150,7 @@ def test_a_node_waiting_at_the_rendezvous_when_another_stops_for_good_stops_with
     assert read_round(node0.paths).stopped.node == 0  # node 0 stops for good: node 1, if it comes, stops too
     node0.paths.round.unlink()
     join_round(node0.paths, "fast")
-    stopped = RunResult(State.INTERRUPTED, errors.TERMINATED, node0.run_dir, node=0)
+    stopped = RunResult(RunState.INTERRUPTED, errors.TERMINATED, node0.run_dir, node=0)
     tell_other_nodes(node0, stopped, said(node0)[0])
     assert read_round(node0.paths).stopped is None
 
