@@ -60,7 +60,7 @@ from ultralytics.cfg import get_cfg
 from ultralytics.data.build import build_dataloader, build_yolo_dataset
 from ultralytics.data.utils import check_det_dataset
 from rocm_yolo.patches.loaders import dataloader as patch
-from rocm_yolo.run.profiles import resolve
+from rocm_yolo.policy.profiles import resolve
 settings = resolve("fast", args["workers"], {"start_method": args["method"]}, cpu_count=64).loader
 patch.install(settings, args["run_dir"])
 data = check_det_dataset(args["data"])

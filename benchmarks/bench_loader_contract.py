@@ -63,7 +63,7 @@ def _setup(side: str, what: str, run: Path) -> None:
     if side == "before" and what == "modules":
         os.environ.pop("ROCM_YOLO_FORKSERVER_IMPORTS")  # the loader names no module to the server
     from rocm_yolo.patches.loaders import dataloader, worker_deaths
-    from rocm_yolo.run.profiles import resolve
+    from rocm_yolo.policy.profiles import resolve
 
     dataloader.install(resolve("fast", 2, cpu_count=4).loader, run)
     if side == "before" and what == "death":

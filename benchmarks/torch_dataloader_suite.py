@@ -39,7 +39,7 @@ def _install():
     run = tempfile.mkdtemp(prefix="run-", dir=os.environ["ROCM_YOLO_SUITE_RUNS"])
     forkserver.start(run)  # as the training child: before torch is imported
     from rocm_yolo.patches.loaders import dataloader
-    from rocm_yolo.run.profiles import resolve
+    from rocm_yolo.policy.profiles import resolve
     dataloader.install(resolve(os.environ["ROCM_YOLO_SUITE_PROFILE"], 2).loader, run)
 
 if os.environ.get("ROCM_YOLO_SUITE_RUNS"):

@@ -13,7 +13,7 @@ import sys
 
 from rocm_yolo import errors, triage
 from rocm_yolo.errors import UsageError
-from rocm_yolo.run.profiles import PROFILES
+from rocm_yolo.policy.profiles import PROFILES
 from rocm_yolo.version import __version__
 
 EPILOG = errors.HELP
@@ -27,8 +27,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def _add_train(sub) -> None:
+    from rocm_yolo.policy.profiles import LOADER_SETTINGS
     from rocm_yolo.request.train_request import add_arguments
-    from rocm_yolo.run.profiles import LOADER_SETTINGS
 
     p = sub.add_parser(
         "train",

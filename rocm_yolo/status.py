@@ -25,11 +25,12 @@ import psutil
 
 from rocm_yolo import errors
 from rocm_yolo.errors import UsageError
+from rocm_yolo.policy.placement import fits
 from rocm_yolo.process import kernel_view
 from rocm_yolo.process.lifecycle import alive
 from rocm_yolo.request.resume_target import resume_point
 from rocm_yolo.run import heartbeat
-from rocm_yolo.run.devices import Relayout, fits
+from rocm_yolo.run.devices import Relayout
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.nodes import read_round
 from rocm_yolo.run.paths import STATE_DIRNAME, RunPaths

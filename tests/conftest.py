@@ -20,8 +20,8 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from helpers import EXPECT_VAR, Cli  # noqa: E402
+from rocm_yolo.policy.profiles import resolve  # noqa: E402
 from rocm_yolo.request.demo import write_demo  # noqa: E402
-from rocm_yolo.run.profiles import resolve  # noqa: E402
 from rocm_yolo.run.spec import RunSpec  # noqa: E402
 from taskdata import TASKS, write_task_data  # noqa: E402
 

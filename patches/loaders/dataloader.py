@@ -58,7 +58,7 @@ from rocm_yolo.process.lifecycle import alive, die_with_parent, dump_stacks_into
 from rocm_yolo.run import hooks
 from rocm_yolo.run.atomic import append_log
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.run.profiles import LoaderSettings
+from rocm_yolo.run.spec import LoaderSettings
 from rocm_yolo.ultralytics_rules import compat
 
 # torch internals this patch relies on (checked at start-up with Ultralytics' own, rocm_yolo.ultralytics_rules.compat)

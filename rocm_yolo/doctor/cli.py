@@ -32,8 +32,8 @@ from rocm_yolo.doctor.report import (
     train_sizes,
 )
 from rocm_yolo.errors import UsageError
+from rocm_yolo.policy.profiles import DEFAULT_PROFILE, PROFILES
 from rocm_yolo.request.demo import DEMO_DEFAULTS
-from rocm_yolo.run.profiles import DEFAULT_PROFILE, PROFILES
 from rocm_yolo.ultralytics_rules.tasks import CLASSIFY, DETECT, OBB, POSE, SEGMENT
 
 DATA_TASKS = (DETECT, SEGMENT, POSE, OBB, CLASSIFY)  # the tasks whose data the doctor checks

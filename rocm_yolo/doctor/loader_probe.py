@@ -81,7 +81,7 @@ def probe_main(spec_file: str) -> None:
         patch = "absent"
         try:
             from rocm_yolo.patches.loaders import dataloader as patch_module
-            from rocm_yolo.run.profiles import LoaderSettings
+            from rocm_yolo.run.spec import LoaderSettings
 
             patch_module.install(
                 LoaderSettings(

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from rocm_yolo.run.profiles import DEFAULT_PROFILE
+from rocm_yolo.policy.profiles import DEFAULT_PROFILE
 from rocm_yolo.ultralytics_rules import config as ucfg
 
 EXIT_OK = 0
@@ -78,7 +78,7 @@ class Options:
 
 def loader_plan(opts: Options) -> dict:
     """Workers, validation workers and prefetch a training run with these options would use."""
-    from rocm_yolo.run.profiles import resolve
+    from rocm_yolo.policy.profiles import resolve
 
     cpus = opts.cpus or os.cpu_count() or 1
     resolved = resolve(opts.profile, opts.workers, cpu_count=cpus)

@@ -13,7 +13,7 @@ what to give: Docker's ``--shm-size`` or ``--ipc=host``, ``cache=disk``, or ``--
 from __future__ import annotations
 
 from rocm_yolo.errors import UsageError, option
-from rocm_yolo.run.profiles import LoaderSettings
+from rocm_yolo.run.spec import LoaderSettings
 from rocm_yolo.ultralytics_rules.data import cache as ucache
 from rocm_yolo.ultralytics_rules.tasks import CLASSIFY
 

@@ -20,8 +20,8 @@ from typing import Any, Mapping
 from rocm_yolo import environment
 from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
 from rocm_yolo.errors import UsageError, option
+from rocm_yolo.policy.profiles import DEFAULT_PROFILE, PROFILES, parse_ladder
 from rocm_yolo.run.nodes import Nodes
-from rocm_yolo.run.profiles import DEFAULT_PROFILE, PROFILES, parse_ladder
 from rocm_yolo.supervisor.config import DEFAULTS as WATCHDOG
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.ultralytics_rules import config as ucfg

@@ -16,6 +16,8 @@ from pathlib import Path
 from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
 from rocm_yolo.errors import UsageError, command, option
 from rocm_yolo.gpu import count as gpu_count
+from rocm_yolo.policy import placement
+from rocm_yolo.policy.profiles import DEFAULT_PROFILE, LOADER_KEYS, PROFILES, resolve
 from rocm_yolo.request import ram_cache
 from rocm_yolo.request.data_path import check_model, default_model, resolve_data
 from rocm_yolo.request.demo import DEMO_DEFAULTS
@@ -25,7 +27,6 @@ from rocm_yolo.run import checkpoints, devices
 from rocm_yolo.run.midepoch import DEFAULT_CHECKPOINT_INTERVAL, CheckpointInterval, parse_interval
 from rocm_yolo.run.nodes import Nodes
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.run.profiles import DEFAULT_PROFILE, LOADER_KEYS, PROFILES, resolve
 from rocm_yolo.run.spec import RunSpec, carry_over, latest_spec, next_attempt
 from rocm_yolo.ultralytics_rules import config as ucfg
 from rocm_yolo.ultralytics_rules.resume import RESUME_ALLOWED
@@ -52,7 +53,7 @@ def check_devices(
     each of ``nodes``) a batch that divides by their number: the batch given, Ultralytics' default, or on a resume the
     run's own (``batch_source``; a resume keeps its run's global batch, None: unknown). ``the_runs``: the device is
     the resumed run's own, not one the user gave."""
-    why = devices.check_list(device) or devices.check_kind(device)
+    why = placement.check_list(device) or placement.check_kind(device)
     if why is not None:
         raise UsageError(why)
     ids = devices.gpu_ids(device)
@@ -69,7 +70,7 @@ def check_devices(
     if batch is None and batch_source == "default":
         batch = ucfg.default("batch")
     count = nodes.count if nodes is not None else 1
-    why = devices.check_batch(batch, ids, batch_source, count) if batch is not None else None
+    why = placement.check_batch(batch, ids, batch_source, count) if batch is not None else None
     if why is not None:
         raise UsageError(why)
     _check_gpus_exist(device, ids, the_runs)
@@ -168,7 +169,7 @@ class CheckedRequest:
     data: str | None
     flags: dict  # ULTRALYTICS_FLAGS -> value or None
     extra: dict  # every other Ultralytics train argument, type-checked
-    loader: dict  # loader KEY=VALUE overrides (run.profiles.LOADER_SETTINGS)
+    loader: dict  # loader KEY=VALUE overrides (policy.profiles.LOADER_SETTINGS)
     val: object | None
     conv: str | None
     interval: CheckpointInterval | None
@@ -232,7 +233,7 @@ class CheckedRequest:
             self.profile = previous.profile
         elif self.profile != previous.profile:
             self.notes.append(f"resume changes the profile: {previous.profile} -> {self.profile}")
-        carried = carry_over(previous, self.profile)
+        carried = carry_over(previous, self.profile, resolve)
         if self.flags["workers"] is None:
             self.flags["workers"] = carried.workers
         self.loader = {**carried.loader, **self.loader}
@@ -302,7 +303,7 @@ def _finish(
     the_runs = resume is not None and req.flags["device"] is None and "device" not in req.extra
     if source == "run" and layout is not None:  # the run keeps its images a step on the GPUs it has now
         now = devices.world_size(train_args, nodes)
-        relaid = devices.relayout(layout, now, _gpus_named(train_args.get("device"), nodes))
+        relaid = placement.relayout(layout, now, _gpus_named(train_args.get("device"), nodes))
         check_devices(train_args.get("device"), None, source, nodes, the_runs=the_runs)
         if relaid.changed:
             req.notes.append(relaid.describe())
@@ -318,7 +319,7 @@ def _finish(
         layout = new
     if nodes is not None and nodes.elastic and layout is not None:  # every round the run may go on with
         per_node = max(len(devices.gpu_ids(train_args.get("device"))), 1)
-        devices.check_rounds(layout, per_node, nodes.counts, option("nnodes", nodes.nnodes))
+        placement.check_rounds(layout, per_node, nodes.counts, option("nnodes", nodes.nnodes))
     effective = {**(saved or {}), **train_args}  # what Ultralytics trains with (a resume: the run's, changed)
     if ram_cache.wants_ram(effective) and task is not None:
         imgsz = int(effective.get("imgsz") or ucfg.default("imgsz"))

@@ -5,10 +5,9 @@ round, and ``rocm-yolo status`` reads from another terminal. Everything here imp
 Ultralytics, and nothing of rocm-yolo's but :mod:`rocm_yolo.errors` and :mod:`rocm_yolo.environment`. Each
 cross-process or on-disk contract is a typed record beside its codec:
 
-- :mod:`.spec`: ``RunSpec``, everything the child needs, in one JSON file per attempt; what carries over
-  from one attempt to the next (``carry_over``);
-- :mod:`.profiles`: the settings profiles and the one place loader settings are validated;
-- :mod:`.devices`: the GPUs a ``device`` argument names, and a rank's own number;
+- :mod:`.spec`: ``RunSpec``, everything the child needs, in one JSON file per attempt (its ``LoaderSettings``); what
+  carries over from one attempt to the next (``carry_over``);
+- :mod:`.devices`: the GPUs a ``device`` argument names, the run's ``Layout`` over them, and a rank's own number;
 - :mod:`.nodes`: more than one machine: the nodes (in the spec), the round they agree on, a node's stop;
 - :mod:`.paths`: ``RunPaths``, every file name of a run directory, and the user-level directories;
 - :mod:`.atomic`: writes a reader never sees half of, never through a link; rocm-yolo's folder of a run private;

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from rocm_yolo.errors import UsageError, option
-from rocm_yolo.run.profiles import DEFAULT_LADDER
+from rocm_yolo.policy.profiles import DEFAULT_LADDER
 from rocm_yolo.run.supervisor_state import WatchdogSettings
 
 

@@ -19,12 +19,12 @@ from shlex import quote
 
 from rocm_yolo.environment import untrusted
 from rocm_yolo.errors import UsageError
+from rocm_yolo.policy.profiles import next_profile, resolve
 from rocm_yolo.process.lifecycle import alive
 from rocm_yolo.run import checkpoints
 from rocm_yolo.run.atomic import copy_atomic, temporaries
 from rocm_yolo.run.events import FROM_PYTHON, RunLog, read_events
 from rocm_yolo.run.nodes import LOST_AFTER, NodeStop, join_round, lost_nodes, record_stop, stopped_node
-from rocm_yolo.run.profiles import next_profile, resolve
 from rocm_yolo.run.spec import RunSpec, carry_over
 from rocm_yolo.run.supervisor_state import RunState
 from rocm_yolo.supervisor.states import AttemptState, RunResult
@@ -68,7 +68,7 @@ def with_profile(spec: RunSpec, profile: str, log: RunLog | None = None) -> RunS
     spec when it is on ``profile`` already (the last rung repeats: the user's overrides included)."""
     if profile == spec.profile:
         return spec
-    carried = carry_over(spec, profile)
+    carried = carry_over(spec, profile, resolve)
     if carried.dropped and log is not None:
         log.info(carried.note(profile))
     resolved = resolve(profile, carried.workers, carried.loader, val=carried.val)

@@ -19,8 +19,7 @@ from rocm_yolo.gpu import arch as gpu_arch
 from rocm_yolo.gpu import presets as gpu_presets
 from rocm_yolo.run.atomic import check_cache
 from rocm_yolo.run.events import RunLog
-from rocm_yolo.run.profiles import LoaderSettings
-from rocm_yolo.run.spec import RunSpec
+from rocm_yolo.run.spec import LoaderSettings, RunSpec
 
 
 @dataclass

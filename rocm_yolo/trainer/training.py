@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 
 from rocm_yolo.errors import CHILD_FINISHED, OK
+from rocm_yolo.policy.placement import relayout
 from rocm_yolo.run import devices, hooks
-from rocm_yolo.run.devices import Relayout, relayout
+from rocm_yolo.run.devices import Relayout
 from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.midepoch import MID_EPOCH_KEY, parse_interval
 from rocm_yolo.run.spec import RunSpec

@@ -48,8 +48,8 @@ def test_the_docstring_names_every_keyword_and_every_error_the_call_raises():
     says the call raises is exported from rocm_yolo and named in the README."""
     from dataclasses import fields
 
+    from rocm_yolo.policy.profiles import LOADER_KEYS
     from rocm_yolo.request.train_request import TrainRequest
-    from rocm_yolo.run.profiles import LOADER_KEYS
 
     doc = rocm_yolo.train.__doc__
     names = {f.name for f in fields(TrainRequest)} - {"overrides"}

@@ -164,7 +164,7 @@ def test_help_says_what_the_code_does():
     fault is retried once), and the description still said spawn-safe, as pyproject's did."""
     import tomllib
 
-    from rocm_yolo.run.profiles import LOADER_SETTINGS
+    from rocm_yolo.policy.profiles import LOADER_SETTINGS
 
     text = " ".join(cli_module.build_parser().commands["train"].format_help().split())
     assert [k for k in LOADER_SETTINGS if f"{k}=" not in text] == []

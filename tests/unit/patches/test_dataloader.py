@@ -10,8 +10,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from rocm_yolo.patches.loaders import dataloader as patch
+from rocm_yolo.policy.profiles import resolve
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.run.profiles import resolve
 
 ORIGINAL = DataLoader.__dict__["__init__"]
 

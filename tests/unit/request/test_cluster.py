@@ -155,7 +155,8 @@ def test_nnodes_min_max_is_torchs_form_and_a_fixed_count_stays_one():
 
 
 def test_every_round_an_elastic_run_may_have_must_keep_each_step_on_two_gpus_or_more():
-    from rocm_yolo.run.devices import Layout, check_rounds
+    from rocm_yolo.policy.placement import check_rounds
+    from rocm_yolo.run.devices import Layout
 
     check_rounds(Layout(4, 2), per_node=2, counts=range(1, 3), where="--nnodes 1:2")  # 2 or 4 GPUs: both fit
     with pytest.raises(UsageError, match=r"--nnodes 2:3: a round of 2 nodes \(4 GPUs\).*every round has 1, 2, 3, 6"):

@@ -11,7 +11,7 @@ import pytest
 from rocm_yolo.errors import UsageError
 from rocm_yolo.request import ram_cache
 from rocm_yolo.request.demo import write_demo
-from rocm_yolo.run.profiles import LoaderSettings
+from rocm_yolo.run.spec import LoaderSettings
 from rocm_yolo.ultralytics_rules.data import cache as ucache
 
 CACHE = 24 * 32 * 32 * 3  # 24 images of 64x64x3, resized so the long side is imgsz 32

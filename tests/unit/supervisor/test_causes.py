@@ -11,7 +11,7 @@ from fakes import Clock, ScriptedChild, beat, supervise
 from rocm_yolo import errors
 from rocm_yolo.diagnosis.evidence import Machine
 from rocm_yolo.gpu.release import Release
-from rocm_yolo.run.profiles import resolve
+from rocm_yolo.policy.profiles import resolve
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.run.supervisor_state import read_state
 from rocm_yolo.supervisor.config import WatchdogConfig

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from rocm_yolo.errors import UsageError
 from rocm_yolo.patches.saves import trainloop
-from rocm_yolo.run.devices import Layout, Relayout, fits, gpu_counts_that_fit, relayout
+from rocm_yolo.policy.placement import fits, gpu_counts_that_fit, relayout
+from rocm_yolo.run.devices import Layout, Relayout
 from rocm_yolo.trainer.checkpointing.relayout import (
     RelaidBatches,
     micro_batches,

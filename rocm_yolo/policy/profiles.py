@@ -8,17 +8,19 @@ worker process: the loaders run in a pool of threads inside the trainer, see
 all, the guaranteed fallback). Flags and KEY=VALUE overrides are merged onto a profile by
 :func:`resolve`, which is the only function that decides whether a combination is valid.
 
-This module is imported by the CLI: it must not import torch or ultralytics.
+The record they give, :class:`~rocm_yolo.run.spec.LoaderSettings`, travels in the run's spec; this module is
+imported by the CLI: it must not import torch or ultralytics.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from rocm_yolo.errors import UsageError, option
+from rocm_yolo.run.spec import LoaderSettings
 
 
 @dataclass(frozen=True)
@@ -132,52 +134,6 @@ DEFAULT_PROFILE = "fast"
 DEFAULT_LADDER = ("fast", "safe", "threads", "single")
 
 START_METHODS = ("forkserver", "spawn", "fork")
-
-
-@dataclass(frozen=True)
-class LoaderSettings:
-    """What the DataLoader patch applies: the merged, validated result for one run."""
-
-    workers: int
-    val_workers: int | None  # None: leave Ultralytics' 2 x workers
-    persistent_workers: bool
-    prefetch_factor: int | None
-    pin_memory: bool | None
-    timeout: float
-    start_method: str = (
-        "forkserver"  # a fork server with torch and Ultralytics preloaded (rocm_yolo.trainer.loaders.forkserver)
-    )
-    threads: int = 0  # with workers=0: loader threads in the trainer process (profile threads); 0: the main thread
-
-    @property
-    def fork_server(self) -> bool:
-        """Whether the loaders' workers come from the preloaded fork server."""
-        return bool(self.workers) and self.start_method == "forkserver"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> "LoaderSettings":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})  # a key an older rocm-yolo wrote is dropped
-
-    def describe(self, workers: int | None = None) -> str:
-        """One line: what a loader with ``workers`` workers really uses."""
-        workers = self.workers if workers is None else workers
-        if workers == 0 and self.threads:
-            return (
-                f"workers=0 threads={self.threads} (in the trainer process) prefetch={self.prefetch_factor} "
-                f"pin_memory={'auto' if self.pin_memory is None else str(self.pin_memory).lower()} "
-                f"timeout={self.timeout:g}"
-            )
-        if workers == 0:
-            return "workers=0 (in the main process)"
-        pin = "auto" if self.pin_memory is None else str(self.pin_memory).lower()
-        return (
-            f"workers={workers} start={self.start_method} persistent={str(self.persistent_workers).lower()} "
-            f"prefetch={self.prefetch_factor} pin_memory={pin} timeout={self.timeout:g}"
-        )
 
 
 @dataclass(frozen=True)
@@ -420,7 +376,6 @@ __all__ = [
     "DEFAULT_PROFILE",
     "LOADER_KEYS",
     "LOADER_SETTINGS",
-    "LoaderSettings",
     "PROFILES",
     "Profile",
     "Resolved",

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from rocm_yolo.errors import UsageError
-from rocm_yolo.run.profiles import (
+from rocm_yolo.policy.profiles import (
     DEFAULT_LADDER,
     PROFILES,
     next_profile,
@@ -150,7 +150,7 @@ def test_threads_profile_settings_and_their_errors():
 
 
 def test_a_profile_off_the_ladder_steps_down_never_back_to_worker_processes():
-    from rocm_yolo.run.profiles import next_profile
+    from rocm_yolo.policy.profiles import next_profile
 
     assert next_profile("threads", ("fast", "safe", "single")) == "single"
     assert next_profile("safe", ("fast", "threads")) == "threads"
