@@ -19,12 +19,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from rocm_yolo.errors import UsageError, command, option
+from rocm_yolo.policy.profiles import resolve
 from rocm_yolo.request import ownership
 from rocm_yolo.request.resume_target import resume_point
 from rocm_yolo.run.nodes import join_round
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import RunSpec, next_attempt
-from rocm_yolo.supervisor.restart import with_profile
 from rocm_yolo.ultralytics_rules.checkpoint import summary
 
 
@@ -63,7 +63,7 @@ def _join(spec: RunSpec) -> RunSpec:
             f"node {spec.node} joins round {found.number} of the rendezvous on its profile '{found.profile}' (not "
             f"'{spec.profile}'): every node trains on the same one",
         )
-    joined = with_profile(spec, found.profile).with_changes(nodes=nodes)
+    joined = spec.with_profile(found.profile, resolve).with_changes(nodes=nodes)
     return joined.with_changes(notes=notes)
 
 

@@ -6,7 +6,7 @@ Ultralytics, and nothing of rocm-yolo's but :mod:`rocm_yolo.errors` and :mod:`ro
 cross-process or on-disk contract is a typed record beside its codec:
 
 - :mod:`.spec`: ``RunSpec``, everything the child needs, in one JSON file per attempt (its ``LoaderSettings``); what
-  carries over from one attempt to the next (``carry_over``);
+  carries over from one attempt to the next (``carry_over``), and the spec on another profile (``with_profile``);
 - :mod:`.devices`: the GPUs a ``device`` argument names, the run's ``Layout`` over them, and a rank's own number;
 - :mod:`.nodes`: more than one machine: the nodes (in the spec), the round they agree on, a node's stop;
 - :mod:`.paths`: ``RunPaths``, every file name of a run directory, and the user-level directories;

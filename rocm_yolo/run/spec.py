@@ -123,6 +123,25 @@ class RunSpec:
     def with_changes(self, **changes) -> "RunSpec":
         return replace(self, **changes)
 
+    def with_profile(self, profile: str, resolve: Resolve, say: Callable[[str], object] | None = None) -> "RunSpec":
+        """This spec on ``profile``, what the user set carried over (:func:`carry_over`, with ``resolve``: the
+        profiles' policy); the same spec when it is on ``profile`` already (the last rung repeats: the user's overrides
+        included). ``say`` hears the line that names the user's settings ``profile`` cannot take, if any."""
+        if profile == self.profile:
+            return self
+        carried = carry_over(self, profile, resolve)
+        if carried.dropped and say is not None:
+            say(carried.note(profile))
+        resolved = resolve(profile, carried.workers, carried.loader, val=carried.val)
+        return replace(
+            self,
+            profile=profile,
+            loader=resolved.loader,
+            val=resolved.val,
+            env=resolved.env,
+            user_keys=carried.user_keys,
+        )
+
     def to_json(self) -> str:
         d = asdict(self)
         return json.dumps(d, indent=2, sort_keys=True)

@@ -25,7 +25,7 @@ from rocm_yolo.run import checkpoints
 from rocm_yolo.run.atomic import copy_atomic, temporaries
 from rocm_yolo.run.events import FROM_PYTHON, RunLog, read_events
 from rocm_yolo.run.nodes import LOST_AFTER, NodeStop, join_round, lost_nodes, record_stop, stopped_node
-from rocm_yolo.run.spec import RunSpec, carry_over
+from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.run.supervisor_state import RunState
 from rocm_yolo.supervisor.states import AttemptState, RunResult
 from rocm_yolo.ultralytics_rules.checkpoint import summary
@@ -60,25 +60,7 @@ def next_spec(spec: RunSpec, ladder: tuple[str, ...], log: RunLog | None = None)
             if log is not None:
                 log.info(f"cannot read or move the round in {spec.paths.round} ({e.strerror or e}): round {number}")
         spec = spec.with_changes(nodes=replace(spec.nodes, round=number))
-    return with_profile(spec, profile, log)
-
-
-def with_profile(spec: RunSpec, profile: str, log: RunLog | None = None) -> RunSpec:
-    """``spec`` on ``profile``, what the user set carried over (:func:`~rocm_yolo.run.spec.carry_over`); the same
-    spec when it is on ``profile`` already (the last rung repeats: the user's overrides included)."""
-    if profile == spec.profile:
-        return spec
-    carried = carry_over(spec, profile, resolve)
-    if carried.dropped and log is not None:
-        log.info(carried.note(profile))
-    resolved = resolve(profile, carried.workers, carried.loader, val=carried.val)
-    return spec.with_changes(
-        profile=profile,
-        loader=resolved.loader,
-        val=resolved.val,
-        env=resolved.env,
-        user_keys=carried.user_keys,
-    )
+    return spec.with_profile(profile, resolve, say=log.info if log is not None else None)
 
 
 def tidy_finished(spec: RunSpec, log: RunLog, *, cut_short: bool = False) -> str | None:
