@@ -126,6 +126,6 @@ def _train(spec: RunSpec, log) -> int:
 
 
 def _setup_failure(spec: RunSpec, log, error: BaseException) -> int:
-    from rocm_yolo.trainer import failures
+    from rocm_yolo.setup_failure import report_setup_failure
 
-    return failures.report_setup_failure(spec, log, error)
+    return report_setup_failure(spec, log, error)
