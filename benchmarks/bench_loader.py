@@ -2,7 +2,7 @@
 
 Each measurement runs in a fresh process shaped like rocm-yolo's training child: the
 default start method is set to spawn before torch is imported; for ``forkserver`` the
-preloaded fork server (rocm_yolo.trainer.loaders.forkserver) is started right then, as the child does;
+preloaded fork server (rocm_yolo.trainer.forkserver.server) is started right then, as the child does;
 then torch and Ultralytics are imported and Ultralytics' own training dataset (mosaic and
 the other augmentations) and ``build_dataloader`` are built, with rocm-yolo's DataLoader
 patch installed. The clock for "first batch" starts at ``iter(loader)``; "from start" is
@@ -53,7 +53,7 @@ import multiprocessing
 multiprocessing.set_start_method("spawn", force=True)  # as rocm-yolo's training child, before torch
 args = json.loads(sys.argv[1])
 if args["method"] == "forkserver":
-    from rocm_yolo.trainer.loaders import forkserver
+    from rocm_yolo.trainer.forkserver import server as forkserver
     forkserver.start(args["run_dir"])
 import torch
 from ultralytics.cfg import get_cfg

@@ -11,7 +11,7 @@ Between rocm-yolo's own processes (one sets it, a descendant reads it):
 - :data:`TORCHRUN_PID`: on several GPUs, the ``torch.distributed.run`` each rank dies with;
 - :data:`TRAINER_PID`, :data:`RUN_DIR`: the trainer a fork server dies with, and where it records itself;
 - :data:`FORKSERVER_IMPORTS`: the descriptor (a pipe from the trainer) of the modules the fork server imports
-  before it forks (:mod:`rocm_yolo.process.preimport`);
+  before it forks (:mod:`rocm_yolo.trainer.forkserver.preimport`);
 - :data:`NODE`: on more than one machine, rocm-yolo's id of this node: every process of its tree writes its
   files into the node's own folder of the run (:class:`rocm_yolo.run.paths.RunPaths`).
 

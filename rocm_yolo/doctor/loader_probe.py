@@ -50,9 +50,9 @@ def probe_main(spec_file: str) -> None:
     method = spec.get("start_method", "forkserver")
     _emit("start")
     if spec["workers"] and method == "forkserver":
-        from rocm_yolo.trainer.loaders import forkserver
+        from rocm_yolo.trainer.forkserver import server
 
-        forkserver.start(spec["run_dir"])  # records itself in RUN/rocm_yolo/forkserver.json, as in training
+        server.start(spec["run_dir"])  # records itself in RUN/rocm_yolo/forkserver.json, as in training
     import torch
     from ultralytics.cfg import get_cfg
     from ultralytics.data.build import build_yolo_dataset

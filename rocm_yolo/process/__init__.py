@@ -11,6 +11,5 @@ DataLoader worker use it, and so do the doctor, the conv self-test, the tests an
 - :mod:`.tagged`: commands started with a tag in their environment, all their processes found and stopped;
 - :mod:`.terminal`: a terminal that went away (EIO) is no failure: its writes dropped or kept in the run's log;
 - :mod:`.tee`: a child's stderr copied to the terminal as it comes, and kept (a bounded file, its tail in memory);
-- :mod:`.background`: shell commands in the background with a few bytes on stdin, bounded in time (notifications);
-- :mod:`.preimport`: the modules a fork server imports once before it forks, instead of in every worker.
+- :mod:`.background`: shell commands in the background with a few bytes on stdin, bounded in time (notifications).
 """

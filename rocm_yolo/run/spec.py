@@ -33,7 +33,7 @@ class LoaderSettings:
     pin_memory: bool | None
     timeout: float
     start_method: str = (
-        "forkserver"  # a fork server with torch and Ultralytics preloaded (rocm_yolo.trainer.loaders.forkserver)
+        "forkserver"  # a fork server with torch and Ultralytics preloaded (rocm_yolo.trainer.forkserver.server)
     )
     threads: int = 0  # with workers=0: loader threads in the trainer process (profile threads); 0: the main thread
 

@@ -95,10 +95,10 @@ def setup(spec: RunSpec, log: RunLog) -> Environment:
     import_checked("torch", "reinstall torch (on an AMD GPU, the ROCm build)")  # 3.
     import_checked("ultralytics", "reinstall ultralytics")
     if env.loader.fork_server:
-        from rocm_yolo.trainer.loaders import forkserver
+        from rocm_yolo.trainer.forkserver import server
 
         # before any patch is installed and before the GPU is touched: a fork of this process, where that is safe
-        why = forkserver.start(spec.run_dir)
+        why = server.start(spec.run_dir)
         if why:
             log.event("forkserver_exec", why=why)  # a new interpreter instead, which imports torch again
     tempdir = multiprocessing.process.current_process()._config.get("tempdir")  # multiprocessing's pymp-*

@@ -40,7 +40,7 @@ def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
     from rocm_yolo.trainer.checkpointing.restore import MidEpochResume
     from rocm_yolo.trainer.checkpointing.sample_order import TrainOrder
     from rocm_yolo.trainer.checkpointing.save import MidEpochSave
-    from rocm_yolo.trainer.loaders.forkserver import ServerReady
+    from rocm_yolo.trainer.forkserver.server import ServerReady
     from rocm_yolo.ultralytics_rules import compat
 
     paths = spec.paths

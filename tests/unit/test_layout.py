@@ -92,7 +92,7 @@ def test_testing_hooks_are_imported_only_when_asked_for(tmp_path):
     code = (
         "import os, sys\n"
         "os.environ.pop('ROCM_YOLO_PLUGINS', None); os.environ['ROCM_YOLO_FAULT'] = 'worker-hang'\n"
-        "import rocm_yolo.trainer.training, rocm_yolo.trainer.loaders.preload, rocm_yolo.conv.probe\n"
+        "import rocm_yolo.trainer.training, rocm_yolo.trainer.forkserver.preload, rocm_yolo.conv.probe\n"
         "import rocm_yolo.patches.loaders.dataloader\n"
         "from rocm_yolo.run import hooks\n"
         "hooks.arm_worker(None, None); hooks.conv_fault('native'); assert hooks.trainer_callbacks(None, 1) == []\n"

@@ -24,7 +24,7 @@ from rocm_yolo.patches.loaders import dataloader as patch
 from rocm_yolo.patches.loaders import worker_deaths
 from rocm_yolo.policy.profiles import resolve
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.trainer.loaders import forkserver
+from rocm_yolo.trainer.forkserver import server as forkserver
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -160,7 +160,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 from rocm_yolo.patches.loaders import dataloader as patch
 from rocm_yolo.policy.profiles import resolve
-from rocm_yolo.trainer.loaders import forkserver
+from rocm_yolo.trainer.forkserver import server as forkserver
 
 def main():
     forkserver.start({run!r})

@@ -14,7 +14,7 @@ from rocm_yolo.trainer.callbacks.trackers import Trackers
 from rocm_yolo.trainer.callbacks.trainer_settings import TrainerSettings
 from rocm_yolo.trainer.checkpointing.restore import MidEpochResume
 from rocm_yolo.trainer.checkpointing.save import MidEpochSave
-from rocm_yolo.trainer.loaders.forkserver import ServerReady
+from rocm_yolo.trainer.forkserver.server import ServerReady
 
 OWNERS = (
     TrainerSettings,
@@ -115,7 +115,7 @@ def test_the_first_batch_waits_for_this_attempts_fork_server_to_be_ready_as_star
     import time
 
     from rocm_yolo.run.paths import RunPaths
-    from rocm_yolo.trainer.loaders import forkserver
+    from rocm_yolo.trainer.forkserver import server as forkserver
 
     record = RunPaths(tmp_path).forkserver(None)
     record.parent.mkdir(parents=True)

@@ -22,7 +22,7 @@ server fixes that without giving up what spawn is for:
 - a worker is a fork of that server: it starts in milliseconds, already has torch and
   Ultralytics imported, and reads its dataset at once, so workers start together. A dataset
   defined elsewhere has its module imported by the server too, once, before its next fork
-  (:mod:`rocm_yolo.process.preimport`): not once in every worker.
+  (:mod:`rocm_yolo.trainer.forkserver.preimport`): not once in every worker.
 
 The server records what it is in ``RUN/rocm_yolo/forkserver.json`` (how it was started, threads,
 GPU device files open) and dies with the trainer (``PR_SET_PDEATHSIG``); each worker dies with the
@@ -45,11 +45,11 @@ import sys
 import time
 
 from rocm_yolo import environment
-from rocm_yolo.process import preimport
 from rocm_yolo.run.devices import rank
 from rocm_yolo.run.paths import RunPaths
+from rocm_yolo.trainer.forkserver import preimport
 
-PRELOAD = "rocm_yolo.trainer.loaders.preload"  # the module the server imports (it records the server)
+PRELOAD = "rocm_yolo.trainer.forkserver.preload"  # the module the server imports (it records the server)
 # What a worker needs to unpickle an Ultralytics dataset and run it: imported before the server forks any worker.
 WORKER_MODULES = (
     "torch",

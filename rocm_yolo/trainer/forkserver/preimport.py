@@ -34,7 +34,7 @@ from typing import Iterable
 
 from rocm_yolo import environment
 
-_fork = os.fork  # the real one: the fork server's os.fork calls import_wanted first (trainer/loaders/preload)
+_fork = os.fork  # the real one: the fork server's os.fork calls import_wanted first (trainer/forkserver/preload)
 _written: set[str] = set()  # the loader's side: names already sent
 _pipe: list = [None, b""]  # the loader's side: the write end, and what it has not taken yet
 _received = b""  # the server's side: the beginning of a line whose end has not come yet

@@ -1,4 +1,4 @@
-"""Imported by the fork server (see :mod:`.forkserver`) once, before it forks any worker.
+"""Imported by the fork server (see :mod:`.server`) once, before it forks any worker.
 
 It ties the server's life to the trainer's, imports what a DataLoader worker needs to
 unpickle an Ultralytics dataset and run it, and records the server's state: how many
@@ -12,16 +12,15 @@ import os
 import time
 
 from rocm_yolo import environment
-from rocm_yolo.process import preimport
 from rocm_yolo.process.lifecycle import die_with_parent
 from rocm_yolo.run.atomic import private_dirs, write_atomic
 from rocm_yolo.run.devices import rank
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.trainer.loaders import forkserver
+from rocm_yolo.trainer.forkserver import preimport, server
 
 
 def _import_worker_modules() -> tuple[str | None, str | None]:
-    """Import :data:`.forkserver.WORKER_MODULES` (torch, Ultralytics' data modules, the worker side of the DataLoader
+    """Import :data:`.server.WORKER_MODULES` (torch, Ultralytics' data modules, the worker side of the DataLoader
     patch): in a server forked from the trainer they are imported already.
 
     Returns (Ultralytics' version, None), or (None, the error in one line): a broken torch is
@@ -29,7 +28,7 @@ def _import_worker_modules() -> tuple[str | None, str | None]:
     would print a traceback for anything but an ImportError. Without the preload the server
     still forks, as a plain fork server.
     """
-    error = forkserver.import_worker_modules()
+    error = server.import_worker_modules()
     if error:
         return None, error
     import ultralytics
@@ -50,7 +49,7 @@ def _preload() -> None:
         record = {
             "pid": os.getpid(),
             "trainer": trainer,
-            "started": "fork" if forkserver.FORKED else "exec",  # forked from the trainer, or a new interpreter
+            "started": "fork" if server.FORKED else "exec",  # forked from the trainer, or a new interpreter
             "import_seconds": round(time.monotonic() - began, 2),
             "ultralytics": version,  # what the workers run (the lower-bound tests check it)
             "python_threads": threading.active_count(),
@@ -68,7 +67,7 @@ def _preload() -> None:
 
 
 def _import_before_fork() -> None:
-    """Import the modules the next workers will need (:mod:`rocm_yolo.process.preimport`) before each fork.
+    """Import the modules the next workers will need (:mod:`.preimport`) before each fork.
 
     multiprocessing's server loop calls ``os.fork()`` for each worker it is asked for; in this
     process only, that name imports the new wanted modules first, so each worker inherits them.
