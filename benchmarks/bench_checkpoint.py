@@ -176,8 +176,8 @@ class _Loader:
 def stall_row(model_yaml: str, root: Path, repeats: int) -> dict:
     import torch
 
+    from rocm_yolo.process.output import RunLog
     from rocm_yolo.run.atomic import write_atomic
-    from rocm_yolo.run.events import RunLog
     from rocm_yolo.run.midepoch import parse_interval
     from rocm_yolo.run.paths import RunPaths
     from rocm_yolo.trainer.checkpointing.capture import TrainOrder
@@ -219,7 +219,7 @@ def stall_row(model_yaml: str, root: Path, repeats: int) -> dict:
 
 def per_batch_cost(calls: int) -> float:
     """Seconds per batch of the callbacks when no checkpoint is due (the interval check)."""
-    from rocm_yolo.run.events import RunLog
+    from rocm_yolo.process.output import RunLog
     from rocm_yolo.run.midepoch import parse_interval
     from rocm_yolo.run.paths import RunPaths
     from rocm_yolo.trainer.checkpointing.capture import TrainOrder

@@ -86,7 +86,7 @@ def cmd_train(args, extra: list[str]) -> int:
     spec = prepare(request)
     result = supervise(spec, config, user_resume=request.resuming)  # it says how the run ended
     if request.data == "demo" and result.exit_code == errors.OK:
-        from rocm_yolo.run.events import show
+        from rocm_yolo.process.output import show
 
         show(DEMO_NEXT + "\n")
     return result.exit_code

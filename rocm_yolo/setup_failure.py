@@ -10,8 +10,8 @@ disk during training is the environment's too (:func:`say_setup_error`, from the
 from __future__ import annotations
 
 from rocm_yolo import errors, triage
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.devices import rank
-from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.spec import RunSpec
 
 

@@ -44,9 +44,9 @@ from rocm_yolo import environment, errors
 from rocm_yolo.ddp.relay import Relay, make_fifo, remove_fifo
 from rocm_yolo.ddp.rendezvous import NodeRendezvous
 from rocm_yolo.process.lifecycle import die_with_parent, dump_stacks_into, pdeathsig_kill
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.process.tree import SAFE_PATH, python
 from rocm_yolo.run.devices import world_size
-from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.setup_failure import report_setup_failure
 

@@ -57,9 +57,9 @@ from shlex import quote
 
 from rocm_yolo import errors
 from rocm_yolo.ddp.torchrun import RENDEZVOUS_FAILED, RENDEZVOUS_TIMEOUT
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.process.tree import python
 from rocm_yolo.run.atomic import private_dirs, write_atomic
-from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.nodes import NodeStop, read_round, stopped_node
 from rocm_yolo.run.spec import RunSpec
 

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from rocm_yolo.run.events import RunLog, show
+from rocm_yolo.process.output import RunLog, show
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.run.supervisor_state import RunState
 from rocm_yolo.supervisor.states import RunResult

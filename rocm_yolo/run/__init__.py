@@ -17,6 +17,6 @@ cross-process or on-disk contract is a typed record beside its codec:
 - :mod:`.heartbeat`: the pipe protocol: heartbeat records, position lines, a rank's exit line;
 - :mod:`.supervisor_state`: ``SupervisorState``, ``supervisor.json``, the run as the supervisor wrote it (its
   ``RunState``);
-- :mod:`.events`: the run log and the events file;
+- :mod:`.events`: the events file, read back, and rocm-yolo's own lines in a child's stderr;
 - :mod:`.hooks`: the hook points tests and benchmarks answer (plugins named in ``ROCM_YOLO_PLUGINS``).
 """

@@ -27,7 +27,7 @@ from rocm_yolo.diagnosis import remedies
 from rocm_yolo.diagnosis.classes import GPU_CLASSES, LADDER, P2P_OFF
 from rocm_yolo.diagnosis.evidence import Machine
 from rocm_yolo.gpu.release import Release, wait_released
-from rocm_yolo.run.events import RunLog
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.nodes import SayAlive
 from rocm_yolo.run.spec import RunSpec

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from rocm_yolo.diagnosis.classes import NAMES as CLASSES
 from rocm_yolo.process.background import BackgroundCommands
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.atomic import write_atomic
-from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.supervisor.config import WatchdogConfig

@@ -21,9 +21,10 @@ from rocm_yolo.environment import untrusted
 from rocm_yolo.errors import UsageError
 from rocm_yolo.policy.profiles import next_profile, resolve
 from rocm_yolo.process.lifecycle import alive
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run import checkpoints
 from rocm_yolo.run.atomic import copy_atomic, temporaries
-from rocm_yolo.run.events import FROM_PYTHON, RunLog, read_events
+from rocm_yolo.run.events import FROM_PYTHON, read_events
 from rocm_yolo.run.nodes import LOST_AFTER, NodeStop, join_round, lost_nodes, record_stop, stopped_node
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.run.supervisor_state import RunState

@@ -27,7 +27,7 @@ from rocm_yolo.process import cgroup
 from rocm_yolo.process.cgroup import CgroupMemory
 from rocm_yolo.process.kernel_view import ThreadView
 from rocm_yolo.process.lifecycle import signal_name
-from rocm_yolo.run.events import RunLog
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.heartbeat import STEPS, Heartbeat
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.supervisor.config import WatchdogConfig

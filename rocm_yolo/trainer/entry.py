@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # the supervisor wrote it: anything wrong with it is a rocm-yolo bug
         return errors.report_internal(e)
     from rocm_yolo.process.lifecycle import die_with_parent, dump_stacks_into
+    from rocm_yolo.process.output import RunLog
     from rocm_yolo.run import devices
-    from rocm_yolo.run.events import RunLog
 
     paths = spec.paths
     rank = devices.rank()  # a rank of a multi-GPU run, started by torch.distributed.run

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from rocm_yolo import environment, errors
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run import checkpoints, devices
-from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.heartbeat import exit_line, start_line
 from rocm_yolo.run.spec import RunSpec
 

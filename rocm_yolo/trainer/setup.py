@@ -17,8 +17,8 @@ from rocm_yolo import errors
 from rocm_yolo.errors import SetupError
 from rocm_yolo.gpu import arch as gpu_arch
 from rocm_yolo.gpu import presets as gpu_presets
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.atomic import check_cache
-from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.spec import LoaderSettings, RunSpec
 
 

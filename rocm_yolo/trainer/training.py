@@ -14,9 +14,9 @@ from rocm_yolo import errors, triage
 from rocm_yolo.errors import CHILD_FINISHED, OK
 from rocm_yolo.policy.placement import relayout
 from rocm_yolo.process.lifecycle import signal_name
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run import checkpoints, devices, hooks
 from rocm_yolo.run.devices import Relayout
-from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.midepoch import MID_EPOCH_KEY, parse_interval
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.setup_failure import report_setup_failure, say_setup_error, say_user_error

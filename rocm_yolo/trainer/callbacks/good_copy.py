@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Callable
 
 from rocm_yolo.process.lifecycle import uninterrupted
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run import checkpoints
-from rocm_yolo.run.events import RunLog
 
 
 class GoodCopy:

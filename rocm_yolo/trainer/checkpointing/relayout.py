@@ -27,8 +27,8 @@ from typing import Callable, Sequence
 import torch
 
 from rocm_yolo.patches.saves import trainloop
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.devices import Layout, Relayout
-from rocm_yolo.run.events import RunLog
 
 # ----------------------------------------------------------------------------------------------- the index math
 

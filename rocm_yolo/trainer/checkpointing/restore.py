@@ -20,9 +20,9 @@ from typing import Callable
 
 from rocm_yolo.errors import UsageError
 from rocm_yolo.patches.saves import trainloop
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run import checkpoints, devices
 from rocm_yolo.run.devices import Layout
-from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.midepoch import FormatError, MidEpochState
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.trainer.checkpointing import sample_order

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from rocm_yolo.patches.saves import trainloop
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.devices import Relayout
-from rocm_yolo.run.events import RunLog
 
 if TYPE_CHECKING:
     from rocm_yolo.trainer.checkpointing.relayout import RelaidBatches

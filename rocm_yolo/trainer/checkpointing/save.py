@@ -30,10 +30,10 @@ import torch
 
 from rocm_yolo.patches.saves import trainloop
 from rocm_yolo.process.lifecycle import uninterrupted
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run import checkpoints, hooks
 from rocm_yolo.run.atomic import remove_temporaries, write_atomic
 from rocm_yolo.run.devices import Layout
-from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.midepoch import MID_EPOCH_KEY, CheckpointInterval, MidEpochState
 from rocm_yolo.trainer.checkpointing import sample_order
 from rocm_yolo.trainer.checkpointing.capture import loads_in_process, rng_states, to_cpu, unwrap

@@ -12,9 +12,10 @@ import pytest
 
 from helpers import as_stranger
 from rocm_yolo.errors import UsageError
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run import atomic
 from rocm_yolo.run.atomic import append_log, private_dirs, rotated, temporary, write_atomic, write_report
-from rocm_yolo.run.events import RunLog, read_events
+from rocm_yolo.run.events import read_events
 from rocm_yolo.run.paths import RunPaths
 
 

@@ -158,7 +158,7 @@ def test_the_traceback_read_on_several_gpus_is_the_one_of_the_rank_that_failed_f
 
 
 def test_a_stopped_run_tells_the_notify_command_it_stopped(spec, tmp_path):
-    from rocm_yolo.run.events import RunLog
+    from rocm_yolo.process.output import RunLog
     from rocm_yolo.supervisor.loop import Supervisor
 
     heard = tmp_path / "heard.jsonl"

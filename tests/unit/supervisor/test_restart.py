@@ -14,7 +14,8 @@ import fakes
 from fakes import Clock, ScriptedChild
 from helpers import fake_checkpoint
 from rocm_yolo import errors
-from rocm_yolo.run.events import RunLog, read_events
+from rocm_yolo.process.output import RunLog
+from rocm_yolo.run.events import read_events
 from rocm_yolo.run.nodes import Nodes, NodeStop, join_round, mark_round_started, read_round, record_stop
 from rocm_yolo.run.supervisor_state import RunState
 from rocm_yolo.supervisor.config import WatchdogConfig
@@ -160,8 +161,8 @@ def test_after_an_attempt_its_dead_processes_stack_files_and_a_killed_trainers_p
     /tmp/pymp-* (its fork server's socket): both go once the tree is gone, and only what is the run's to remove: a
     live process's stack file stays, and so does a pymp- folder of another user's or a link (issue 45)."""
     from helpers import as_stranger
+    from rocm_yolo.process.output import RunLog
     from rocm_yolo.run.atomic import private_dirs
-    from rocm_yolo.run.events import RunLog
 
     paths = spec.paths
     private_dirs(paths.state, paths.stacks)

@@ -88,7 +88,7 @@ def test_the_verified_copy_of_last_pt_is_made_off_the_training_thread_but_never_
     import types
 
     from helpers import fake_checkpoint
-    from rocm_yolo.run.events import RunLog
+    from rocm_yolo.process.output import RunLog
     from rocm_yolo.run.paths import RunPaths
     from rocm_yolo.trainer.callbacks.good_copy import GoodCopy
 

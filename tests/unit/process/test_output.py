@@ -14,8 +14,8 @@ import tty
 
 import pytest
 
-from rocm_yolo.run import events
-from rocm_yolo.run.events import FdSink, RunLog, StreamSink, stderr_sink
+from rocm_yolo.process import output
+from rocm_yolo.process.output import FdSink, RunLog, StreamSink, stderr_sink
 
 
 @pytest.fixture
@@ -98,7 +98,7 @@ def test_a_stand_in_for_stderr_gets_the_lines_itself(monkeypatch, tmp_path):
         monkeypatch.setattr(sys, "stderr", stand_in)
         assert isinstance(stderr_sink(), StreamSink)
         RunLog(tmp_path / "log").info("loaders: workers=2")
-        events.show("rocm-yolo: done\n")
+        output.show("rocm-yolo: done\n")
         assert stand_in.getvalue() == "rocm-yolo: loaders: workers=2\nrocm-yolo: done\n"
 
 
