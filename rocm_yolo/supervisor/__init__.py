@@ -10,7 +10,8 @@ the user (the terminal, events.jsonl, a notify command, metrics.prom).
 - :mod:`.states`: ``AttemptState``, an attempt's states, how an attempt ends a run, and ``RunResult``;
 - :mod:`.loop`: ``Supervisor``, the monitor loop (policy): one attempt after another, each failure's remedy;
 - :mod:`.watch`: one attempt watched to its end (finished, crashed, stalled), as a typed ``AttemptEnd``;
-- :mod:`.failed`: a stalled or crashed attempt's end, its evidence diagnosed, its report written, its remedy decided;
+- :mod:`.postmortem`: a stalled or crashed attempt's end, its evidence diagnosed, its report written, its remedy
+  decided;
 - :mod:`.signals`: the signals a terminal and a scheduler send (a stop, Ctrl-Z), acted on for the whole tree;
 - :mod:`.stall`: ``StallDetector``, "no progress for too long", knowing nothing of processes;
 - :mod:`.trainer_process`: the ``Child`` protocol and ``TrainerProcess``, the real one with its pipe (mechanism):

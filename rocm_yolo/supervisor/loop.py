@@ -34,7 +34,7 @@ from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.run.supervisor_state import Failure, Recovery, RunState, Still, read_state, write_state
 from rocm_yolo.supervisor import restart
 from rocm_yolo.supervisor.config import WatchdogConfig
-from rocm_yolo.supervisor.failed import diagnose_end, hang_of
+from rocm_yolo.supervisor.postmortem import diagnose_end, hang_of
 from rocm_yolo.supervisor.recovery import RecoveryTracker
 from rocm_yolo.supervisor.reporting import Reporter
 from rocm_yolo.supervisor.restart import (
@@ -318,7 +318,7 @@ class Supervisor:
 
     # the cause, and its remedy --------------------------------------------------------------
     def _diagnose(self, child: Child, spec: RunSpec, end: AttemptEnd, pids: list[int], began: float) -> Failure:
-        """What the failure was (:mod:`.failed`), and what to do about it (``self.decision``); recorded and said."""
+        """What the failure was (:mod:`.postmortem`), and what to do about it (``self.decision``); recorded and said."""
         hang = end.state == AttemptState.STALLED
         self._failed_pids = sorted(set(pids) | {child.pid})
         found = diagnose_end(
