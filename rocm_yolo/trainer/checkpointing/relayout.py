@@ -13,7 +13,7 @@ permutation a seeded generator draws, unpadded). :func:`rank_step` is the layout
 and yields each GPU's micro-batches, one ``BatchSampler`` item each; it records what fixed each pass, as
 :class:`~rocm_yolo.trainer.checkpointing.sample_order.PassSampler` does, so mid-epoch checkpoints and resumes
 work as on the run's own GPUs. :class:`Relaid` (Ultralytics callbacks) groups a step's micro-batches into one item
-of the training loop (:func:`rocm_yolo.patches.saves.trainloop.group`), trains the ones before the last in the
+of the training loop (:func:`rocm_yolo.patches.saves.loop_position.group`), trains the ones before the last in the
 model's forward (gradients accumulated locally under DDP's ``no_sync``, each BatchNorm's running statistics kept as
 the rank it stands in for had them), and sets Ultralytics' ``accumulate`` to the run's own.
 """
@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from rocm_yolo.patches.saves import trainloop
+from rocm_yolo.patches.saves import loop_position
 from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.devices import Layout, Relayout
 
@@ -258,7 +258,7 @@ class Relaid:
             )
             return
         if self.relaid.serves > 1:
-            trainloop.group(loader, self.relaid.serves)
+            loop_position.group(loader, self.relaid.serves)
         trainer.accumulate = nominal_accumulate(self.relaid.layout, trainer.args, len(loader), trainer.epochs)
         self.log.event(
             "relayout",
@@ -279,7 +279,7 @@ class Relaid:
             self.sampler.set_epoch(trainer.epoch)  # one GPU: Ultralytics' loop sets no sampler's epoch
 
     def on_train_end(self, trainer) -> None:
-        trainloop.group(None, 1)
+        loop_position.group(None, 1)
         model = getattr(trainer, "model", None)
         if model is not None and self._forward is not None and model.__dict__.get("forward") is self._forward:
             del model.forward

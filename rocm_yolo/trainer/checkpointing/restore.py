@@ -4,7 +4,7 @@
 raw weights and stopper (for the first epoch, where Ultralytics' resume cannot start, it does
 it all); at the resumed epoch's start the callbacks set the loop's ``last_opt_step`` and
 accumulated gradients, make the loop's ``i`` start at the next batch
-(:mod:`rocm_yolo.patches.saves.trainloop`) and the sampler replay the epoch's order without the
+(:mod:`rocm_yolo.patches.saves.loop_position`) and the sampler replay the epoch's order without the
 batches done (:mod:`.sample_order`); the RNG states are restored when that pass starts, the
 running loss at the first batch. Listeners (the heartbeat, the checkpoint writer, the fault
 injector) hear the batch the epoch continues after. Before any of that, :func:`checked_resume`
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from rocm_yolo.errors import UsageError
-from rocm_yolo.patches.saves import trainloop
+from rocm_yolo.patches.saves import loop_position
 from rocm_yolo.process.output import RunLog
 from rocm_yolo.run import checkpoints, devices
 from rocm_yolo.run.devices import Layout
@@ -78,7 +78,7 @@ class MidEpochResume:
         if not self.supported():  # compat.check() has said so at start-up
             self.order.off(None)
             return
-        trainloop.install()
+        loop_position.install()
         original = trainer.resume_training
 
         def resume_training(ckpt):
@@ -182,7 +182,7 @@ class MidEpochResume:
             b = max(nb - self.rest, 0)
             last_opt_step = b + nb * state.epoch - 1 - (state.ni - state.last_opt_step)
         try:
-            trainloop.set_local(trainloop.loop_frame(trainer), "last_opt_step", last_opt_step)
+            loop_position.set_local(loop_position.loop_frame(trainer), "last_opt_step", last_opt_step)
         except Exception as e:  # noqa: BLE001 - a changed loop: retrain the epoch's first batches instead
             self.order.off(
                 f"cannot continue the training loop inside the epoch ({type(e).__name__}: {e}); "
@@ -192,7 +192,7 @@ class MidEpochResume:
         params = dict(unwrap(trainer.model).named_parameters())
         for name, grad in state.grads.items():
             params[name].grad = grad.to(params[name].device)
-        trainloop.arm(trainer.train_loader, b, nb - b)
+        loop_position.arm(trainer.train_loader, b, nb - b)
         self.continuing = dataclasses.replace(state, batch=b, batches=nb)
         for listener in self.on_resumed:
             listener(b)
@@ -211,10 +211,10 @@ class MidEpochResume:
         if self.continuing is None:
             return
         state, self.continuing = self.continuing, None
-        trainloop.disarm()
+        loop_position.disarm()
         if not self.order.supported:
             return
-        i = trainloop.read_locals(trainloop.loop_frame(trainer), ("i",)).get("i")
+        i = loop_position.read_locals(loop_position.loop_frame(trainer), ("i",)).get("i")
         if i != state.batch:
             self.order.off(f"the training loop started at batch {i}, not {state.batch}")
             return
@@ -222,7 +222,7 @@ class MidEpochResume:
         trainer.tloss = {k: v.to(device) for k, v in state.tloss.items()} if state.tloss else None
 
     def on_train_end(self, trainer) -> None:
-        trainloop.uninstall()
+        loop_position.uninstall()
 
 
 def checked_resume(spec: RunSpec, model, log: RunLog, load) -> tuple[RunSpec, object]:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from rocm_yolo.patches.saves import trainloop
+from rocm_yolo.patches.saves import loop_position
 from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.devices import Relayout
 
@@ -175,7 +175,7 @@ class TrainOrder:
         """Mid-epoch checkpoints are off in this process; ``why`` is said once (None: already said elsewhere)."""
         if self.supported:
             self.supported = False
-            trainloop.disarm()
+            loop_position.disarm()
             if why:
                 self.log.event("mid_epoch_off", f"mid-epoch checkpoints are off: {why}", reason=why)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from rocm_yolo.patches.saves import trainloop
+from rocm_yolo.patches.saves import loop_position
 from rocm_yolo.process.lifecycle import uninterrupted
 from rocm_yolo.process.output import RunLog
 from rocm_yolo.run import checkpoints, hooks
@@ -195,7 +195,7 @@ class MidEpochSave:
     # saving --------------------------------------------------------------------------------
     def _save(self, trainer) -> None:
         started = time.perf_counter()
-        loop = trainloop.read_locals(trainloop.loop_frame(trainer))
+        loop = loop_position.read_locals(loop_position.loop_frame(trainer))
         b = loop["i"] + 1
         if b != self.batch:
             raise RuntimeError(f"the loop is at batch {b}, the callbacks counted {self.batch}")

@@ -3,7 +3,7 @@
 It keeps its position in locals: ``i`` from ``enumerate(self.train_loader)``, ``ni = i + nb * epoch``
 (the warm-up counter), ``nb`` (batches per epoch), ``epoch`` and ``last_opt_step`` (the optimizer
 steps when ``ni - last_opt_step >= self.accumulate``). Mid-epoch checkpoints read them and a
-resume inside an epoch sets them (:mod:`rocm_yolo.patches.saves.trainloop`); :mod:`.compat` checks at
+resume inside an epoch sets them (:mod:`rocm_yolo.patches.saves.loop_position`); :mod:`.compat` checks at
 start-up that the loop still has them.
 """
 

@@ -32,7 +32,7 @@ import sys
 from types import FrameType
 
 from rocm_yolo.patches.swap import Swaps
-from rocm_yolo.ultralytics_rules.train_loop import LOOP_FUNCTION, LOOP_LOCALS
+from rocm_yolo.ultralytics_rules.loop_locals import LOOP_FUNCTION, LOOP_LOCALS
 
 _swaps = Swaps()  # ultralytics.engine.trainer's global enumerate
 _armed: tuple | None = None  # (loader, start, count)

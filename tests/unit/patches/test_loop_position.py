@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rocm_yolo.patches.saves import trainloop
+from rocm_yolo.patches.saves import loop_position
 
 
 class Toy:
@@ -22,9 +22,9 @@ class Toy:
 
 def test_loop_locals_can_be_set_from_a_callback():
     def callback(trainer):
-        frame = trainloop.loop_frame(trainer)
-        if trainloop.read_locals(frame)["i"] == 1:
-            trainloop.set_local(frame, "last_opt_step", 7)
+        frame = loop_position.loop_frame(trainer)
+        if loop_position.read_locals(frame)["i"] == 1:
+            loop_position.set_local(frame, "last_opt_step", 7)
 
     assert Toy(callback)._do_train() == [(0, -1, 0), (1, 7, 1), (2, 7, 2)]
 
@@ -32,15 +32,15 @@ def test_loop_locals_can_be_set_from_a_callback():
 def test_enumerate_offset_only_for_the_armed_loader_and_removable():
     import ultralytics.engine.trainer as module
 
-    trainloop.install()
-    trainloop.install()  # idempotent
+    loop_position.install()
+    loop_position.install()  # idempotent
     try:
         data = ["c", "d", "e"]  # what the sampler yields for a pass resumed after 2 of 5 batches
-        trainloop.arm(data, start=2, count=3)
+        loop_position.arm(data, start=2, count=3)
         assert list(module.enumerate(data)) == [(2, "c"), (3, "d"), (4, "e")]
         assert list(module.enumerate(["x"])) == [(0, "x")]  # any other iterable: the builtin
-        trainloop.disarm()
+        loop_position.disarm()
         assert list(module.enumerate(data)) == [(0, "c"), (1, "d"), (2, "e")]
     finally:
-        trainloop.uninstall()
-    assert "enumerate" not in module.__dict__ and not trainloop.installed()
+        loop_position.uninstall()
+    assert "enumerate" not in module.__dict__ and not loop_position.installed()
