@@ -23,7 +23,7 @@ from rocm_yolo.request.data_path import check_model, default_model, resolve_data
 from rocm_yolo.request.demo import DEMO_DEFAULTS
 from rocm_yolo.request.resume_target import find_resume, run_args
 from rocm_yolo.request.train_request import ULTRALYTICS_FLAGS, TrainRequest
-from rocm_yolo.run import checkpoints, devices
+from rocm_yolo.run import devices, weights
 from rocm_yolo.run.midepoch import DEFAULT_CHECKPOINT_INTERVAL, CheckpointInterval, parse_interval
 from rocm_yolo.run.nodes import Nodes
 from rocm_yolo.run.paths import RunPaths
@@ -407,7 +407,7 @@ def _resumed_run(req: CheckedRequest, resume: str | bool, project_dir: Path, nod
     last = find_resume(resume, project_dir)
     _refuse_what_a_resume_drops(req, last)
     run_dir = last.parent.parent
-    if nodes is not None and checkpoints.is_mid_checkpoint(last):
+    if nodes is not None and weights.is_mid_checkpoint(last):
         raise UsageError(
             f"{option('resume', resume)}: on more than one machine every node resumes from the run's newest "
             f"checkpoint, the one they all see: resume with {option('resume', run_dir)}"

@@ -22,7 +22,7 @@ from rocm_yolo.errors import UsageError
 from rocm_yolo.policy.profiles import next_profile, resolve
 from rocm_yolo.process.lifecycle import alive
 from rocm_yolo.process.output import RunLog
-from rocm_yolo.run import checkpoints
+from rocm_yolo.run import weights
 from rocm_yolo.run.atomic import copy_atomic, temporaries
 from rocm_yolo.run.events import FROM_PYTHON, read_events
 from rocm_yolo.run.nodes import LOST_AFTER, NodeStop, join_round, lost_nodes, record_stop, stopped_node
@@ -44,7 +44,7 @@ def next_spec(spec: RunSpec, ladder: tuple[str, ...], log: RunLog | None = None)
     profile = next_profile(spec.profile, ladder)
     resume = None
     try:
-        path, note = checkpoints.choose_resume_point(spec.paths.last)
+        path, note = weights.choose_resume_point(spec.paths.last)
         resume = str(path)
         if note and log is not None:
             log.info(note)
@@ -77,10 +77,10 @@ def tidy_finished(spec: RunSpec, log: RunLog, *, cut_short: bool = False) -> str
     paths = spec.paths
     last, good = paths.last, paths.last_good
     try:
-        if not last.exists() and checkpoints.verify(good) is None:
+        if not last.exists() and weights.verify(good) is None:
             copy_atomic(good, last, durable=True)
-        if checkpoints.verify(last) is None:  # mid-epoch checkpoints of a finished run: nothing to continue
-            checkpoints.remove_mid_checkpoints(paths)
+        if weights.verify(last) is None:  # mid-epoch checkpoints of a finished run: nothing to continue
+            weights.remove_mid_checkpoints(paths)
             good.unlink(missing_ok=True)
     except OSError as e:  # housekeeping only: the weights are there either way
         log.info(f"could not tidy {paths.weights}: {e.strerror or e}")
@@ -154,7 +154,7 @@ def resume_command(spec: RunSpec) -> str:
 def last_loadable(spec: RunSpec):
     """The checkpoint a later resume will start from (the newest valid one, mid-epoch or not), or None."""
     try:
-        return checkpoints.plan_resume_point(spec.paths.last).path
+        return weights.plan_resume_point(spec.paths.last).path
     except UsageError:
         return None
 

@@ -15,7 +15,7 @@ from rocm_yolo.errors import CHILD_FINISHED, OK
 from rocm_yolo.policy.placement import relayout
 from rocm_yolo.process.lifecycle import signal_name
 from rocm_yolo.process.output import RunLog
-from rocm_yolo.run import checkpoints, devices, hooks
+from rocm_yolo.run import devices, hooks, weights
 from rocm_yolo.run.devices import Relayout
 from rocm_yolo.run.midepoch import MID_EPOCH_KEY, parse_interval
 from rocm_yolo.run.spec import RunSpec
@@ -152,7 +152,7 @@ BUG_TYPES = (TypeError, AttributeError, NameError, KeyError, IndexError, Asserti
 def _drop_truncated(spec: RunSpec, log: RunLog) -> None:
     """A save cut short by a full disk leaves a truncated checkpoint: it can never load, so remove it."""
     for path in (spec.paths.last, spec.paths.best):
-        reason = checkpoints.verify(path) if path.exists() else None
+        reason = weights.verify(path) if path.exists() else None
         if reason is not None:
             try:
                 path.unlink()

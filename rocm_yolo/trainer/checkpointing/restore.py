@@ -21,7 +21,7 @@ from typing import Callable
 from rocm_yolo.errors import UsageError
 from rocm_yolo.patches.saves import loop_position
 from rocm_yolo.process.output import RunLog
-from rocm_yolo.run import checkpoints, devices
+from rocm_yolo.run import devices, weights
 from rocm_yolo.run.devices import Layout
 from rocm_yolo.run.midepoch import FormatError, MidEpochState
 from rocm_yolo.run.spec import RunSpec
@@ -242,7 +242,7 @@ def checked_resume(spec: RunSpec, model, log: RunLog, load) -> tuple[RunSpec, ob
         return spec, model
     name = Path(spec.resume).name
     try:
-        path, note = checkpoints.choose_resume(spec.paths.last)
+        path, note = weights.choose_resume(spec.paths.last)
     except UsageError:
         raise UsageError(
             f"{why}: the mid-epoch checkpoint {name} cannot continue with that, and the run has no "

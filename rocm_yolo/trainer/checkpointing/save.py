@@ -31,7 +31,7 @@ import torch
 from rocm_yolo.patches.saves import loop_position
 from rocm_yolo.process.lifecycle import uninterrupted
 from rocm_yolo.process.output import RunLog
-from rocm_yolo.run import checkpoints, hooks
+from rocm_yolo.run import hooks, weights
 from rocm_yolo.run.atomic import remove_temporaries, write_atomic
 from rocm_yolo.run.devices import Layout
 from rocm_yolo.run.midepoch import MID_EPOCH_KEY, CheckpointInterval, MidEpochState
@@ -180,7 +180,7 @@ class MidEpochSave:
     def verified(self, epoch: int) -> None:
         """The end-of-epoch ``last.pt`` of ``epoch`` (0-based) was saved and verified: that epoch's mid-epoch files
         go (:class:`rocm_yolo.trainer.callbacks.good_copy.GoodCopy` says so, from its thread)."""
-        checkpoints.remove_mid_checkpoints(self.paths, through_epoch=epoch + 1)
+        weights.remove_mid_checkpoints(self.paths, through_epoch=epoch + 1)
 
     def on_train_end(self, trainer) -> None:
         self.join()
@@ -281,11 +281,11 @@ class MidEpochSave:
         try:
             writer = hooks.checkpoint_writer(self.paths, where)  # tests: a SIGKILL halfway through (save-kill)
             write_atomic(path, (lambda f: writer(ckpt, f)) if writer else (lambda f: torch.save(ckpt, f)), durable=True)
-            reason = checkpoints.verify(path)
+            reason = weights.verify(path)
             if reason is not None:
                 path.unlink(missing_ok=True)
                 raise OSError(f"{path.name} failed verification right after the write ({reason})")
-            removed = checkpoints.remove_mid_checkpoints(self.paths, keep=path)
+            removed = weights.remove_mid_checkpoints(self.paths, keep=path)
             seconds = time.perf_counter() - started
             size = path.stat().st_size
             self.written += 1

@@ -18,7 +18,7 @@ import rocm_yolo
 from helpers import as_stranger, fake_checkpoint, prepare
 from rocm_yolo.errors import UsageError
 from rocm_yolo.request import ownership
-from rocm_yolo.run import checkpoints
+from rocm_yolo.run import weights as checkpoints
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.supervisor.config import WatchdogConfig
 

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import fake_checkpoint
 from rocm_yolo.errors import UsageError
-from rocm_yolo.run import checkpoints
+from rocm_yolo.run import weights as checkpoints
 from rocm_yolo.run.paths import RunPaths
 
 
