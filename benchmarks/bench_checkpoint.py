@@ -178,7 +178,7 @@ def stall_row(model_yaml: str, root: Path, repeats: int) -> dict:
 
     from rocm_yolo.process.output import RunLog
     from rocm_yolo.run.atomic import write_atomic
-    from rocm_yolo.run.midepoch import parse_interval
+    from rocm_yolo.run.midepoch_state import parse_interval
     from rocm_yolo.run.paths import RunPaths
     from rocm_yolo.trainer.checkpointing.capture import TrainOrder
     from rocm_yolo.trainer.checkpointing.sample_order import PassSampler
@@ -220,7 +220,7 @@ def stall_row(model_yaml: str, root: Path, repeats: int) -> dict:
 def per_batch_cost(calls: int) -> float:
     """Seconds per batch of the callbacks when no checkpoint is due (the interval check)."""
     from rocm_yolo.process.output import RunLog
-    from rocm_yolo.run.midepoch import parse_interval
+    from rocm_yolo.run.midepoch_state import parse_interval
     from rocm_yolo.run.paths import RunPaths
     from rocm_yolo.trainer.checkpointing.capture import TrainOrder
     from rocm_yolo.trainer.checkpointing.save import MidEpochSave

@@ -24,7 +24,7 @@ from rocm_yolo.request.demo import DEMO_DEFAULTS
 from rocm_yolo.request.resume_target import find_resume, run_args
 from rocm_yolo.request.train_request import ULTRALYTICS_FLAGS, TrainRequest
 from rocm_yolo.run import devices, weights
-from rocm_yolo.run.midepoch import DEFAULT_CHECKPOINT_INTERVAL, CheckpointInterval, parse_interval
+from rocm_yolo.run.midepoch_state import DEFAULT_CHECKPOINT_INTERVAL, CheckpointInterval, parse_interval
 from rocm_yolo.run.nodes import Nodes
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import RunSpec, carry_over, latest_spec, next_attempt

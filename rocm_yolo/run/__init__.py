@@ -12,7 +12,7 @@ cross-process or on-disk contract is a typed record beside its codec:
 - :mod:`.paths`: ``RunPaths``, every file name of a run directory, and the user-level directories;
 - :mod:`.atomic`: writes a reader never sees half of, never through a link; rocm-yolo's folder of a run private;
 - :mod:`.weights`: the checkpoint files of ``weights/``: read inertly, verified, found, chosen for a resume;
-- :mod:`.midepoch`: ``--checkpoint-every`` and its default, and ``MidEpochState``, rocm-yolo's record inside a
+- :mod:`.midepoch_state`: ``--checkpoint-every`` and its default, and ``MidEpochState``, rocm-yolo's record inside a
   mid-epoch checkpoint;
 - :mod:`.heartbeat`: the pipe protocol: heartbeat records, position lines, a rank's exit line;
 - :mod:`.supervisor_state`: ``SupervisorState``, ``supervisor.json``, the run as the supervisor wrote it (its

@@ -17,7 +17,7 @@ from rocm_yolo.process.lifecycle import signal_name
 from rocm_yolo.process.output import RunLog
 from rocm_yolo.run import devices, hooks, weights
 from rocm_yolo.run.devices import Relayout
-from rocm_yolo.run.midepoch import MID_EPOCH_KEY, parse_interval
+from rocm_yolo.run.midepoch_state import MID_EPOCH_KEY, parse_interval
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.setup_failure import report_setup_failure, say_setup_error, say_user_error
 from rocm_yolo.trainer import train_args

@@ -142,7 +142,7 @@ def test_done_counts_from_the_resumed_checkpoint_not_from_results_csv(tmp_path):
 
     from helpers import fake_checkpoint
     from rocm_yolo.request import ending
-    from rocm_yolo.run.midepoch import MID_EPOCH_KEY
+    from rocm_yolo.run.midepoch_state import MID_EPOCH_KEY
     from rocm_yolo.ultralytics_rules import checkpoint
 
     results = tmp_path / "results.csv"

@@ -1,6 +1,6 @@
 """Mid-epoch checkpoints: a run continued at the next batch, as if it had never stopped.
 
-The record is :class:`rocm_yolo.run.midepoch.MidEpochState`; here is what writes and reads it.
+The record is :class:`rocm_yolo.run.midepoch_state.MidEpochState`; here is what writes and reads it.
 
 - :mod:`.capture`: the training state copied to host memory and back (tensors, RNG states);
 - :mod:`.save`: writing them every ``--checkpoint-every``, off the training thread;

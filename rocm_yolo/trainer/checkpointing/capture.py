@@ -9,8 +9,8 @@ as if it had never stopped (:mod:`.restore`).
 it anywhere, and Ultralytics' own resume accepts it), with the EMA as a float32 module and
 the optimizer state at full precision (``save_model`` stores both as fp16: lossy), and
 ``epoch`` = the last *completed* epoch, so Ultralytics' resume lands on the epoch in progress.
-Under :data:`~rocm_yolo.run.midepoch.MID_EPOCH_KEY`, the record
-:class:`~rocm_yolo.run.midepoch.MidEpochState`, plain types and tensors only: the position
+Under :data:`~rocm_yolo.run.midepoch_state.MID_EPOCH_KEY`, the record
+:class:`~rocm_yolo.run.midepoch_state.MidEpochState`, plain types and tensors only: the position
 (batch, batches per epoch, ``ni``, ``last_opt_step``), the raw model's float32 weights
 (resume otherwise rebuilds the model from the EMA), gradients accumulated since the last
 optimizer step, the running loss, the early-stopping state, the RNG states (Python, NumPy,

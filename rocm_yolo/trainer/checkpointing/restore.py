@@ -23,7 +23,7 @@ from rocm_yolo.patches.saves import loop_position
 from rocm_yolo.process.output import RunLog
 from rocm_yolo.run import devices, weights
 from rocm_yolo.run.devices import Layout
-from rocm_yolo.run.midepoch import FormatError, MidEpochState
+from rocm_yolo.run.midepoch_state import FormatError, MidEpochState
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.trainer.checkpointing import sample_order
 from rocm_yolo.trainer.checkpointing.capture import loads_in_process, set_rng_states, unwrap

@@ -8,7 +8,7 @@ and then deletes the older mid-epoch file: the newest good one is kept. If the p
 write is still running when the next one is due, that one is put off to the first batch
 after the write ends (a slow disk never stalls training). After an epoch's ``last.pt`` is
 saved and verified, that epoch's mid-epoch files go. What a checkpoint holds:
-:mod:`.capture` and :class:`~rocm_yolo.run.midepoch.MidEpochState`.
+:mod:`.capture` and :class:`~rocm_yolo.run.midepoch_state.MidEpochState`.
 
 **A stop waits for the write in progress.** The writer is no daemon thread, so the trainer's exit
 (SIGTERM: ``SystemExit`` on the main thread) waits for it. The one place where the main thread
@@ -34,7 +34,7 @@ from rocm_yolo.process.output import RunLog
 from rocm_yolo.run import hooks, weights
 from rocm_yolo.run.atomic import remove_temporaries, write_atomic
 from rocm_yolo.run.devices import Layout
-from rocm_yolo.run.midepoch import MID_EPOCH_KEY, CheckpointInterval, MidEpochState
+from rocm_yolo.run.midepoch_state import MID_EPOCH_KEY, CheckpointInterval, MidEpochState
 from rocm_yolo.trainer.checkpointing import sample_order
 from rocm_yolo.trainer.checkpointing.capture import loads_in_process, rng_states, to_cpu, unwrap
 from rocm_yolo.trainer.checkpointing.sample_order import TrainOrder

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rocm_yolo.run.midepoch import FORMAT, MID_EPOCH_KEY, FormatError, MidEpochState, has_position
+from rocm_yolo.run.midepoch_state import FORMAT, MID_EPOCH_KEY, FormatError, MidEpochState, has_position
 
 STATE = MidEpochState(
     epoch=1,
