@@ -42,7 +42,7 @@ _grouped: tuple | None = None  # (loader, micro-batches a step)
 class MicroBatches(dict):
     """One step of a GPU that trains several micro-batches a step: as a dict, the first (the batch the loop sees:
     its loss, its log line), and ``rest``, the others, which the model's forward trains before it
-    (:class:`rocm_yolo.trainer.checkpointing.relayout.Relaid`)."""
+    (:class:`rocm_yolo.trainer.midepoch.relayout.Relaid`)."""
 
     def __init__(self, parts: list):
         super().__init__(parts[0])

@@ -9,8 +9,8 @@ it anywhere) with one key of rocm-yolo's own: :class:`MidEpochState`, where the 
 everything that continues it at the next batch as if the run had never stopped. On disk it is a
 plain dict of plain types and tensors (:meth:`MidEpochState.to_dict`), so a checkpoint never names
 a rocm-yolo class; :meth:`MidEpochState.from_dict` reads it back and refuses another
-:data:`FORMAT`. The trainer writes it (:mod:`rocm_yolo.trainer.checkpointing.save`) and continues
-from it (:mod:`rocm_yolo.trainer.checkpointing.restore`); the rest of rocm-yolo only asks whether
+:data:`FORMAT`. The trainer writes it (:mod:`rocm_yolo.trainer.midepoch.save`) and continues
+from it (:mod:`rocm_yolo.trainer.midepoch.restore`); the rest of rocm-yolo only asks whether
 a checkpoint has one. Torch-free: the values are whatever the trainer put in.
 """
 

@@ -7,7 +7,7 @@ damaged one by reading it once, with the standard library. After every save the 
 child keeps a verified copy, ``last_good.pt`` (a hard link where the saves replace ``last.pt``
 whole, else a copy), made atomically; resume falls back to it. A finished run keeps none.
 
-Mid-epoch checkpoints (``weights/ep{E}-ba{B}.pt``, written by :mod:`rocm_yolo.trainer.checkpointing.save`) are
+Mid-epoch checkpoints (``weights/ep{E}-ba{B}.pt``, written by :mod:`rocm_yolo.trainer.midepoch.save`) are
 named by their position, so the newest one is known without opening it. The training child
 deletes those of an epoch once that epoch's ``last.pt`` is saved and verified, so a valid
 mid-epoch file is newer than ``last.pt``; :func:`choose_resume_point` only falls back on

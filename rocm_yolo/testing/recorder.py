@@ -45,7 +45,7 @@ class BatchRecorder:
             return
         import torch
 
-        from rocm_yolo.trainer.checkpointing.capture import unwrap
+        from rocm_yolo.trainer.midepoch.capture import unwrap
 
         params = {k: v.detach().float().cpu() for k, v in unwrap(trainer.model).named_parameters()}
         torch.save(params, f"{self.path}.weights.pt")

@@ -12,7 +12,7 @@ launcher starts (:mod:`rocm_yolo.ddp`).
 - :mod:`.train_args`: what a run passes to ``model.train``, and on a resume what changed;
 - :mod:`.rank`: what differs in a rank of a multi-GPU run (its heartbeat FIFO, the global world size, ...);
 - :mod:`.callbacks`: the Ultralytics callbacks (the trainer's settings, the heartbeat) and their registry;
-- :mod:`.checkpointing`: mid-epoch checkpoints: the state captured, saved, restored, the sample order;
+- :mod:`.midepoch`: mid-epoch checkpoints: the state captured, saved, restored, the sample order;
 - :mod:`.forkserver`: the fork server DataLoader workers are forked from, preloaded with torch and Ultralytics.
 
 This package's ``__init__`` imports nothing: spawned workers and the fork server import parts of it.

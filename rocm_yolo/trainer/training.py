@@ -36,11 +36,11 @@ def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
     from rocm_yolo.trainer.callbacks.heartbeat_writer import HeartbeatWriter
     from rocm_yolo.trainer.callbacks.trackers import Trackers
     from rocm_yolo.trainer.callbacks.trainer_settings import TrainerSettings
-    from rocm_yolo.trainer.checkpointing.relayout import Relaid
-    from rocm_yolo.trainer.checkpointing.restore import MidEpochResume
-    from rocm_yolo.trainer.checkpointing.sample_order import TrainOrder
-    from rocm_yolo.trainer.checkpointing.save import MidEpochSave
     from rocm_yolo.trainer.forkserver.server import ServerReady
+    from rocm_yolo.trainer.midepoch.relayout import Relaid
+    from rocm_yolo.trainer.midepoch.restore import MidEpochResume
+    from rocm_yolo.trainer.midepoch.sample_order import TrainOrder
+    from rocm_yolo.trainer.midepoch.save import MidEpochSave
     from rocm_yolo.ultralytics_rules import compat
 
     paths = spec.paths
@@ -86,8 +86,8 @@ def relayout_here(spec: RunSpec) -> Relayout | None:
 
 def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
     from rocm_yolo.trainer.callbacks.registry import register
-    from rocm_yolo.trainer.checkpointing.restore import checked_resume
-    from rocm_yolo.trainer.checkpointing.save import clean_temporaries
+    from rocm_yolo.trainer.midepoch.restore import checked_resume
+    from rocm_yolo.trainer.midepoch.save import clean_temporaries
 
     started = time.time()
     owners, settings = callback_owners(spec, env, log)  # the heartbeat says "setup" from here on

@@ -111,7 +111,7 @@ def test_scancel_stops_both_nodes_and_the_job_submitted_again_resumes_every_epoc
     assert cli.leftovers() == [] and "Traceback" not in text
     weights = run / "weights"
     assert 1 <= len(epochs_in(run)) < 4 and checkpoints.verify(weights / "last.pt") is None
-    # A stop lets a checkpoint write in progress end (trainer/callbacks/good_copy.py, checkpointing/save.py): the
+    # A stop lets a checkpoint write in progress end (trainer/callbacks/good_copy.py, midepoch/save.py): the
     # verified copy of epoch 1's last.pt, begun before epoch 2, is whole. Fails where the stop lands during that
     # copy: SLURM signals every process of the step, so torch's agent gets up to three SIGTERMs (SLURM's, and the
     # launcher forwards its own and the supervisor's), the later ones break its wait for its ranks, it exits, and

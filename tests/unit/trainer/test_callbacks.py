@@ -12,9 +12,9 @@ from rocm_yolo.trainer.callbacks.heartbeat_writer import HeartbeatWriter
 from rocm_yolo.trainer.callbacks.registry import CALLBACK_EVENTS, callbacks_of, register
 from rocm_yolo.trainer.callbacks.trackers import Trackers
 from rocm_yolo.trainer.callbacks.trainer_settings import TrainerSettings
-from rocm_yolo.trainer.checkpointing.restore import MidEpochResume
-from rocm_yolo.trainer.checkpointing.save import MidEpochSave
 from rocm_yolo.trainer.forkserver.server import ServerReady
+from rocm_yolo.trainer.midepoch.restore import MidEpochResume
+from rocm_yolo.trainer.midepoch.save import MidEpochSave
 
 OWNERS = (
     TrainerSettings,

@@ -16,7 +16,7 @@ from rocm_yolo.run import devices, heartbeat
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.supervisor.trainer_process import PipeReader
 from rocm_yolo.testing import faults
-from rocm_yolo.trainer.checkpointing import sample_order
+from rocm_yolo.trainer.midepoch import sample_order
 from rocm_yolo.trainer.rank import trainer_class
 
 

@@ -18,7 +18,7 @@ from rocm_yolo.errors import UsageError
 from rocm_yolo.patches.saves import loop_position
 from rocm_yolo.policy.placement import fits, gpu_counts_that_fit, relayout
 from rocm_yolo.run.devices import Layout, Relayout
-from rocm_yolo.trainer.checkpointing.relayout import (
+from rocm_yolo.trainer.midepoch.relayout import (
     RelaidBatches,
     micro_batches,
     nominal_accumulate,

@@ -25,9 +25,9 @@ from rocm_yolo.run import devices, weights
 from rocm_yolo.run.devices import Layout
 from rocm_yolo.run.midepoch_state import FormatError, MidEpochState
 from rocm_yolo.run.spec import RunSpec
-from rocm_yolo.trainer.checkpointing import sample_order
-from rocm_yolo.trainer.checkpointing.capture import loads_in_process, set_rng_states, unwrap
-from rocm_yolo.trainer.checkpointing.sample_order import TrainOrder
+from rocm_yolo.trainer.midepoch import sample_order
+from rocm_yolo.trainer.midepoch.capture import loads_in_process, set_rng_states, unwrap
+from rocm_yolo.trainer.midepoch.sample_order import TrainOrder
 from rocm_yolo.ultralytics_rules import compat
 
 

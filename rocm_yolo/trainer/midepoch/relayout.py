@@ -11,7 +11,7 @@ permutation a seeded generator draws, unpadded). :func:`rank_step` is the layout
 
 :class:`RelaidBatches` stands in for the train loader's ``BatchSampler`` (inside Ultralytics' ``_RepeatSampler``)
 and yields each GPU's micro-batches, one ``BatchSampler`` item each; it records what fixed each pass, as
-:class:`~rocm_yolo.trainer.checkpointing.sample_order.PassSampler` does, so mid-epoch checkpoints and resumes
+:class:`~rocm_yolo.trainer.midepoch.sample_order.PassSampler` does, so mid-epoch checkpoints and resumes
 work as on the run's own GPUs. :class:`Relaid` (Ultralytics callbacks) groups a step's micro-batches into one item
 of the training loop (:func:`rocm_yolo.patches.saves.loop_position.group`), trains the ones before the last in the
 model's forward (gradients accumulated locally under DDP's ``no_sync``, each BatchNorm's running statistics kept as

@@ -35,9 +35,9 @@ from rocm_yolo.run import hooks, weights
 from rocm_yolo.run.atomic import remove_temporaries, write_atomic
 from rocm_yolo.run.devices import Layout
 from rocm_yolo.run.midepoch_state import MID_EPOCH_KEY, CheckpointInterval, MidEpochState
-from rocm_yolo.trainer.checkpointing import sample_order
-from rocm_yolo.trainer.checkpointing.capture import loads_in_process, rng_states, to_cpu, unwrap
-from rocm_yolo.trainer.checkpointing.sample_order import TrainOrder
+from rocm_yolo.trainer.midepoch import sample_order
+from rocm_yolo.trainer.midepoch.capture import loads_in_process, rng_states, to_cpu, unwrap
+from rocm_yolo.trainer.midepoch.sample_order import TrainOrder
 
 
 class HostCopies:

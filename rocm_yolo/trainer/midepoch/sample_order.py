@@ -20,7 +20,7 @@ of an order drawn from the seed and the sampler's ``epoch`` (``set_epoch``), so 
 the value rank 0 saved, and skips the indices of the batches it has done.
 
 On another number of GPUs than the run's own (a :class:`~rocm_yolo.run.devices.Relayout`), the train loader's
-``BatchSampler`` itself is replaced (:class:`~rocm_yolo.trainer.checkpointing.relayout.RelaidBatches`), which
+``BatchSampler`` itself is replaced (:class:`~rocm_yolo.trainer.midepoch.relayout.RelaidBatches`), which
 offers the same interface.
 
 Which pass an epoch trains is the caller's business (:class:`PassTracker`): DataLoader
@@ -42,7 +42,7 @@ from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.devices import Relayout
 
 if TYPE_CHECKING:
-    from rocm_yolo.trainer.checkpointing.relayout import RelaidBatches
+    from rocm_yolo.trainer.midepoch.relayout import RelaidBatches
 
 
 class PassSampler:
@@ -184,7 +184,7 @@ class TrainOrder:
         if self.supported and loader is not self.loader:
             self.loader = loader
             if self.lay_out:
-                from rocm_yolo.trainer.checkpointing import relayout
+                from rocm_yolo.trainer.midepoch import relayout
 
                 self.sampler = relayout.install(loader, self.relaid, self.gpu, self.seed)
             else:
