@@ -17,6 +17,8 @@ the user (the terminal, events.jsonl, a notify command, metrics.prom).
 - :mod:`.trainer_process`: the ``Child`` protocol and ``TrainerProcess``, the real one with its pipe (mechanism):
   the trainer, or on several GPUs or machines the DDP launcher;
 - :mod:`.restart`: what the next attempt starts from, tidying a finished run, and what a stopped one says;
-- :mod:`.recovery`: ``RecoveryTracker``, where each failed attempt was and what the next one trained again;
+- :mod:`.peers`: more than one machine: the other nodes (gone, stopped for good, the next round), this one's stop told;
+- :mod:`.recovery`: ``RecoveryTracker``, where each failed attempt was and what the next one trained again, kept in
+  the run's record (``Recoveries``: the time hangs cost);
 - :mod:`.reporting`: each event to the terminal, events.jsonl, the notify command, and metrics.prom.
 """

@@ -6,8 +6,8 @@ of this attempt's own processes within its time, and beyond the text: the run's 
 threads as the kernel saw them, the labels after an index error, the GPU override against the cards
 (:mod:`rocm_yolo.diagnosis.evidence`); the class follows the
 runtimes' own texts (:mod:`rocm_yolo.diagnosis.diagnose`); the remedy, the run's earlier failures and the machine
-(:mod:`rocm_yolo.diagnosis.remedies`). Nothing here changes the run's record or says anything: the loop
-(:mod:`.loop`) does, with what :func:`diagnose_end` returns.
+(:mod:`rocm_yolo.diagnosis.remedies`). What :func:`diagnose_end` returns goes into the run's record
+(:meth:`Diagnosed.record`) and is said (:meth:`Diagnosed.say`) when the loop (:mod:`.loop`) asks.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from rocm_yolo.diagnosis.diagnose import diagnose
 from rocm_yolo.diagnosis.evidence import Machine
 from rocm_yolo.diagnosis.record import Diagnosis
 from rocm_yolo.run.spec import RunSpec
-from rocm_yolo.run.supervisor_state import Failure, Hang
+from rocm_yolo.run.supervisor_state import Failure, Hang, SupervisorState
+from rocm_yolo.supervisor.reporting import Reporter
 from rocm_yolo.supervisor.states import AttemptState
 from rocm_yolo.supervisor.watch import AttemptEnd, where
 
@@ -34,6 +35,35 @@ class Diagnosed:
     decision: remedies.Decision
     where: str  # "epoch 2/3, batch 1/4", or the start-up step
     report: Path | None  # the hang's stacks or the crash's report, with the diagnosis at its head
+
+    def record(self, result: SupervisorState) -> None:
+        """Into the run's record: the failure, and a hang's class and signature (its :class:`Hang`, recorded when the
+        hang was noticed: :func:`hang_of`)."""
+        result.failures.append(self.failure)
+        if self.failure.kind == "hang" and result.hangs:
+            result.hangs[-1].cls, result.hangs[-1].signature = self.diagnosis.cls, self.diagnosis.signature
+
+    def say(self, reporter: Reporter, spec: RunSpec, end: AttemptEnd) -> None:
+        """The failure said: on the terminal, in events.jsonl, to the notify command and in metrics.prom."""
+        failure, diagnosis = self.failure, self.diagnosis
+        hang = end.state == AttemptState.STALLED
+        details = f"; details in {self.report}" if self.report else ""
+        reporter.event(
+            failure.kind,
+            f"{diagnosis.title} at {self.where} (attempt {spec.attempt}){details}",
+            attempt=spec.attempt,
+            profile=spec.profile,
+            detected=failure.detected,  # its "time" is when it is said: events.jsonl stays in time order
+            epoch=failure.epoch,
+            batch=failure.batch,
+            cls=diagnosis.cls,
+            exit_code=end.exit_code,
+            phase=failure.phase,
+            seconds=end.stalled if hang else None,
+            code=end.exit_code,
+            signature=diagnosis.signature,
+            weak=diagnosis.weak,
+        )
 
 
 def diagnose_end(

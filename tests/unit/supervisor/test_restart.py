@@ -19,7 +19,8 @@ from rocm_yolo.run.events import read_events
 from rocm_yolo.run.nodes import Nodes, NodeStop, join_round, mark_round_started, read_round, record_stop
 from rocm_yolo.run.supervisor_state import RunState
 from rocm_yolo.supervisor.config import WatchdogConfig
-from rocm_yolo.supervisor.restart import remove_cut_writes, remove_leftovers, tell_other_nodes, tidy_finished
+from rocm_yolo.supervisor.peers import tell_other_nodes
+from rocm_yolo.supervisor.restart import remove_cut_writes, remove_leftovers, tidy_finished
 from rocm_yolo.supervisor.states import RunResult
 
 CONFIG = WatchdogConfig(stall_timeout=60, step_multiplier=10, startup_grace=300, max_restarts=2, poll_interval=1)
