@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from rocm_yolo.doctor.report import FAIL, OK, SKIP, WARN, Options, Row, loader_plan, plural
+from rocm_yolo.doctor.options import Options, loader_plan
+from rocm_yolo.doctor.report import FAIL, OK, SKIP, WARN, Row, plural
 from rocm_yolo.process.tree import python, run_bounded
 
 _EVENT = "@@doctor "

@@ -130,8 +130,9 @@ PROFILES: dict[str, Profile] = {
         ),
     )
 }
-DEFAULT_PROFILE = "fast"
-DEFAULT_LADDER = ("fast", "safe", "threads", "single")
+# Every profile, from the fastest to the safest (PROFILES' order): the order a fallback steps down in, and the
+# fallback ladder's default (WatchdogConfig.ladder, --fallback). The default profile is --profile's (TrainRequest).
+DEFAULT_LADDER = tuple(PROFILES)
 
 START_METHODS = ("forkserver", "spawn", "fork")
 
@@ -373,7 +374,6 @@ def parse_ladder(text: str) -> tuple[str, ...]:
 
 __all__ = [
     "DEFAULT_LADDER",
-    "DEFAULT_PROFILE",
     "LOADER_KEYS",
     "LOADER_SETTINGS",
     "PROFILES",

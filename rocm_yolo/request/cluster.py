@@ -15,7 +15,8 @@ on its own, the first found:
   :func:`rocm_yolo.run.nodes.join_round`), never one anyone could derive from the job; torch's
   :data:`DEFAULT_PORT` stands for it until then. The node at the endpoint, which hosts the rendezvous' store, is
   node 0 (SLURM's first host is its node 0);
-- how long the nodes wait for each other there: ``--rdzv-timeout`` (default 10 minutes).
+- how long the nodes wait for each other there: ``--rdzv-timeout`` (its default: :data:`DEFAULT_RENDEZVOUS_TIMEOUT`,
+  ``TrainRequest``'s).
 
 Each scheduler's variables are its backend's (:mod:`.schedulers`, SLURM today). One node (no flags
 and no scheduler's job of several nodes, or ``--nnodes 1``) is no multi-node job: :func:`resolve`
@@ -31,7 +32,8 @@ from typing import Mapping
 from rocm_yolo import environment as env_names
 from rocm_yolo.errors import UsageError, option
 from rocm_yolo.request.schedulers import SCHEDULERS
-from rocm_yolo.run.nodes import DEFAULT_RENDEZVOUS_TIMEOUT, Nodes
+from rocm_yolo.request.train_request import TrainRequest
+from rocm_yolo.run.nodes import Nodes
 
 DEFAULT_PORT = 29400  # torch's c10d rendezvous port, when a job gives neither a port nor a job id
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -61,6 +63,10 @@ def parse_timeout(value: object) -> float:
             f"{option('rdzv_timeout', value)}: give how long the nodes wait for each other, e.g. 600 or 10m"
         )
     return seconds
+
+
+# seconds the nodes wait for each other at the rendezvous when --rdzv-timeout is not given: the option's default
+DEFAULT_RENDEZVOUS_TIMEOUT = parse_timeout(TrainRequest.default_of("rdzv_timeout"))
 
 
 def _whole(value: object, name: str) -> int:

@@ -1,12 +1,15 @@
 """A train request as the user gave it: one record, whether it came from ``rocm-yolo train`` or ``rocm_yolo.train()``.
 
-Each option of the request is one field of :class:`TrainRequest`, listed once: its command-line
-flag, type and help live in the field's metadata (:func:`add_arguments` builds the parser's
-options from them, :meth:`TrainRequest.from_args` reads them back), and the Python API passes
-the same names as keywords (:meth:`TrainRequest.from_kwargs`). Anything that is not a field is
-an Ultralytics train argument or a loader setting (``KEY=VALUE``), kept in ``overrides``. The
-request is raw: :func:`rocm_yolo.request.validation.make_spec` validates it into a run's spec, as
-``torch.distributed.run`` goes ``config_from_args`` -> ``LaunchConfig`` -> ``elastic_launch``.
+Each option of the request is one field of :class:`TrainRequest`, listed once: its command-line flag, type, help
+and default live in the field's metadata (:func:`add_arguments` builds the parser's options from them,
+:meth:`TrainRequest.from_args` reads them back), and the Python API passes the same names as keywords
+(:meth:`TrainRequest.from_kwargs`). A field is None when the user gave nothing (a resume then keeps the run's
+own); what a new run takes then is the option's declared default (:meth:`TrainRequest.default_of`), which its help
+says. The watchdog's options are declared with its settings (:class:`~rocm_yolo.supervisor.config.WatchdogConfig`:
+their defaults, help and least values). Anything that is not a field is an Ultralytics train argument or a loader
+setting (``KEY=VALUE``), kept in ``overrides``. The request is raw:
+:func:`rocm_yolo.request.validation.make_spec` validates it into a run's spec, as ``torch.distributed.run`` goes
+``config_from_args`` -> ``LaunchConfig`` -> ``elastic_launch``.
 """
 
 from __future__ import annotations
@@ -18,22 +21,27 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from rocm_yolo import environment
+from rocm_yolo.conv.strategies import AUTO as CONV_AUTO
 from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
 from rocm_yolo.errors import UsageError, option
-from rocm_yolo.policy.profiles import DEFAULT_PROFILE, PROFILES, parse_ladder
-from rocm_yolo.run.nodes import Nodes
+from rocm_yolo.policy.profiles import PROFILES, parse_ladder
 from rocm_yolo.supervisor.config import DEFAULTS as WATCHDOG
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.ultralytics_rules import config as ucfg
 
-# The shortest --stall-timeout and --startup-grace: an epoch's end, a save or a validation's start pass seconds
-# without a heartbeat (with 1 s the final validation was called a hang).
-MIN_WATCH_SECONDS = 10.0
 
-
-def _option(help: str, *, ultralytics: bool = False, group: str = "train", **argparse_kwargs) -> dict:
-    """A field's metadata: its help, whether Ultralytics also takes it as a train argument, its parser options."""
-    return {"help": help, "ultralytics": ultralytics, "group": group, "argparse": argparse_kwargs}
+def _option(
+    help: str, *, default: object = None, ultralytics: bool = False, group: str = "train", **argparse_kwargs
+) -> dict:
+    """A field's metadata: its help (``{default}`` filled in), its declared default (what a new run takes when the
+    user gives nothing), whether Ultralytics also takes it as a train argument, its parser options."""
+    return {
+        "help": help.format(default=default),
+        "default": default,
+        "ultralytics": ultralytics,
+        "group": group,
+        "argparse": argparse_kwargs,
+    }
 
 
 @dataclass(frozen=True)
@@ -53,7 +61,7 @@ class TrainRequest:
     profile: str | None = field(
         default=None,
         metadata=_option(
-            f"settings profile (default: {DEFAULT_PROFILE}; on resume: the run's)", choices=list(PROFILES)
+            "settings profile (default: {default}; on resume: the run's)", default="fast", choices=list(PROFILES)
         ),
     )
     epochs: Any = field(default=None, metadata=_option("", ultralytics=True, type=int, metavar="N"))
@@ -91,7 +99,8 @@ class TrainRequest:
         default=None,
         metadata=_option(
             "Conv2d strategy for GPUs whose MIOpen convolutions fail; miopen-off turns MIOpen off for the whole "
-            "process (default: auto: the fastest that passes a self-test)",
+            "process (default: {default}: the fastest that passes a self-test)",
+            default=CONV_AUTO,
             choices=CONV_STRATEGIES,
         ),
     )
@@ -99,7 +108,8 @@ class TrainRequest:
         default=None,
         metadata=_option(
             "write a mid-epoch checkpoint this often: 30s, 10m, 1h, 500ba (batches), or 0 for never "
-            "(default: 10m; on resume: the run's); a hang then costs at most that much work",
+            "(default: {default}; on resume: the run's); a hang then costs at most that much work",
+            default="10m",
             metavar="INTERVAL",
         ),
     )
@@ -111,50 +121,23 @@ class TrainRequest:
     )
     stall_timeout: Any = field(
         default=None,
-        metadata=_option(
-            f"a hang is no progress for this long at least (default: {WATCHDOG.stall_timeout:g}, at least "
-            f"{MIN_WATCH_SECONDS:g}; grows with slow steps)",
-            group="watchdog",
-            type=float,
-            metavar="SECONDS",
-        ),
+        metadata=_option(WatchdogConfig.help("stall_timeout"), group="watchdog", type=float, metavar="SECONDS"),
     )
     startup_grace: Any = field(
         default=None,
-        metadata=_option(
-            f"allowance before the first training batch of each attempt (default: {WATCHDOG.startup_grace:g}, at "
-            f"least {MIN_WATCH_SECONDS:g})",
-            group="watchdog",
-            type=float,
-            metavar="SECONDS",
-        ),
+        metadata=_option(WatchdogConfig.help("startup_grace"), group="watchdog", type=float, metavar="SECONDS"),
     )
     max_restarts: Any = field(
         default=None,
-        metadata=_option(
-            f"restarts after a hang or crash (default: {WATCHDOG.max_restarts})",
-            group="watchdog",
-            type=int,
-            metavar="N",
-        ),
+        metadata=_option(WatchdogConfig.help("max_restarts"), group="watchdog", type=int, metavar="N"),
     )
     fallback: Any = field(
         default=None,
-        metadata=_option(
-            f"profiles to step through on each restart after a loader hang or a dead worker (other causes have "
-            f"their own remedy) (default: {','.join(WATCHDOG.ladder)})",
-            group="watchdog",
-            metavar="P1,P2,...",
-        ),
+        metadata=_option(WatchdogConfig.help("ladder"), group="watchdog", metavar="P1,P2,..."),
     )
     notify: Any = field(
         default=None,
-        metadata=_option(
-            f"run CMD through the shell at each event of the run (started, hang, crash, restart, finished, failed, "
-            f"stopped), one JSON object on its stdin (default: ${environment.NOTIFY}); bounded, never delays training",
-            group="watchdog",
-            metavar="CMD",
-        ),
+        metadata=_option(WatchdogConfig.help("notify"), group="watchdog", metavar="CMD"),
     )
     nnodes: Any = field(
         default=None,
@@ -188,7 +171,8 @@ class TrainRequest:
         default=None,
         metadata=_option(
             "how long the nodes wait for each other at the rendezvous, at the start and after a failure; a node "
-            "that does not come within it ends the run (default: 10m)",
+            "that does not come within it ends the run (default: {default})",
+            default="10m",
             group="nodes",
             metavar="SECONDS",
         ),
@@ -220,15 +204,14 @@ class TrainRequest:
             batch = int(batch)  # --batch 8 is 8, as batch=8 reads
         return replace(request, data=data, resume=resume, batch=batch, overrides=parse_key_values(overrides))
 
+    @classmethod
+    def default_of(cls, name: str) -> object:
+        """What a new run takes for option ``name`` when the user gives nothing: its declared default."""
+        return next(f for f in fields(cls) if f.name == name).metadata["default"]
+
     @property
     def resuming(self) -> bool:
         return self.resume is not None and self.resume is not False
-
-    def nodes(self, env: Mapping[str, str] = os.environ) -> Nodes | None:
-        """The machines this request trains on (None: this one alone), from the node flags, else SLURM's variables."""
-        from rocm_yolo.request.cluster import resolve
-
-        return resolve(self.nnodes, self.node_rank, self.rdzv_endpoint, self.rdzv_timeout, env)
 
     def watchdog_config(self) -> WatchdogConfig:
         """The watchdog this request asks for (:class:`WatchdogConfig`'s defaults where it says nothing)."""
@@ -242,11 +225,12 @@ class TrainRequest:
             enabled=self.watchdog, ladder=_ladder(self.fallback), notify=notify or None, **given
         )
         for key in ("stall_timeout", "startup_grace"):
-            if key in given and given[key] < MIN_WATCH_SECONDS:
+            least = WatchdogConfig.minimum(key)
+            if key in given and given[key] < least:
                 raise UsageError(
                     f"{option(key, _plain(given[key]))} is too short: an epoch's end, a save or the start of a "
                     f"validation pass seconds without a heartbeat, which the watchdog would call a hang: give "
-                    f"{option(key, _plain(MIN_WATCH_SECONDS))} or more"
+                    f"{option(key, _plain(least))} or more"
                 )
         return config
 

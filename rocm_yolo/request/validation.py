@@ -17,14 +17,14 @@ from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
 from rocm_yolo.errors import UsageError, command, option
 from rocm_yolo.gpu import count as gpu_count
 from rocm_yolo.policy import placement
-from rocm_yolo.policy.profiles import DEFAULT_PROFILE, LOADER_KEYS, PROFILES, resolve
-from rocm_yolo.request import ram_cache
+from rocm_yolo.policy.profiles import LOADER_KEYS, PROFILES, resolve
+from rocm_yolo.request import cluster, ram_cache
 from rocm_yolo.request.data_path import check_model, default_model, resolve_data
 from rocm_yolo.request.demo import DEMO_DEFAULTS
 from rocm_yolo.request.resume_target import find_resume, run_args
 from rocm_yolo.request.train_request import ULTRALYTICS_FLAGS, TrainRequest
 from rocm_yolo.run import devices, weights
-from rocm_yolo.run.midepoch_state import DEFAULT_CHECKPOINT_INTERVAL, CheckpointInterval, parse_interval
+from rocm_yolo.run.midepoch_state import CheckpointInterval, parse_interval
 from rocm_yolo.run.nodes import Nodes
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import RunSpec, carry_over, latest_spec, next_attempt
@@ -262,7 +262,7 @@ def make_spec(request: TrainRequest) -> RunSpec:
     on; for a resume it is the run's own directory and ``resume`` the checkpoint named (or the
     run's ``last.pt``), from which ``claim`` chooses the newest valid one.
     """
-    nodes = request.nodes()  # more than one machine: the flags, else SLURM's variables
+    nodes = cluster.resolve(request.nnodes, request.node_rank, request.rdzv_endpoint, request.rdzv_timeout)
     _check_paths(request)
     req = CheckedRequest.of(request)
     model_name = req.model_name(request.resuming)
@@ -291,7 +291,7 @@ def _finish(
 ) -> RunSpec:
     """The spec: the profile resolved with the request's workers and loader settings, the flags as train args
     (``saved``: a resumed run's own train arguments, which the resume keeps unless the request gives others)."""
-    resolved = resolve(req.profile or DEFAULT_PROFILE, req.flags["workers"], req.loader, val=req.val)
+    resolved = resolve(req.profile or TrainRequest.default_of("profile"), req.flags["workers"], req.loader, val=req.val)
     for key in ("epochs", "imgsz", "batch", "device"):
         if req.flags[key] is not None:
             train_args[key] = req.flags[key]
@@ -338,8 +338,8 @@ def _finish(
         user_keys=tuple(sorted(req.user_keys)),
         env=resolved.env,
         resume=resume,
-        conv=req.conv or "auto",
-        checkpoint_every=(req.interval or parse_interval(DEFAULT_CHECKPOINT_INTERVAL)).text,
+        conv=req.conv or TrainRequest.default_of("conv"),
+        checkpoint_every=(req.interval or parse_interval(TrainRequest.default_of("checkpoint_every"))).text,
         attempt=attempt,
         workers_requested=resolved.requested_workers,
         notes=tuple(list(resolved.warnings) + req.notes),

@@ -1,8 +1,9 @@
 """Mid-epoch checkpoints: how often the trainer writes one (``--checkpoint-every``), and rocm-yolo's record inside
 one, under :data:`MID_EPOCH_KEY`.
 
-The interval (:func:`parse_interval`, :data:`DEFAULT_CHECKPOINT_INTERVAL`) is parsed in the CLI (which must not
-import torch) and again in the training child from the spec, so both read the same text the same way.
+The interval (:func:`parse_interval`; its default is ``--checkpoint-every``'s,
+:class:`~rocm_yolo.request.train_request.TrainRequest`) is parsed in the CLI (which must not import torch) and again
+in the training child from the spec, so both read the same text the same way.
 
 A mid-epoch checkpoint (``weights/ep{E}-ba{B}.pt``) is an Ultralytics checkpoint (``YOLO(path)`` loads
 it anywhere) with one key of rocm-yolo's own: :class:`MidEpochState`, where the epoch is and
@@ -23,7 +24,6 @@ from typing import Any, Mapping
 from rocm_yolo.errors import UsageError, option
 from rocm_yolo.run.devices import Layout
 
-DEFAULT_CHECKPOINT_INTERVAL = "10m"
 _INTERVAL = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|ba)$")
 _SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 MID_EPOCH_KEY = "rocm_yolo_mid_epoch"  # rocm-yolo's key in an Ultralytics checkpoint dict

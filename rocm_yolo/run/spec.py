@@ -17,7 +17,6 @@ from typing import Any, Callable, Mapping
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run.atomic import private_dirs, write_atomic
 from rocm_yolo.run.devices import Layout, Relayout, world_size
-from rocm_yolo.run.midepoch_state import DEFAULT_CHECKPOINT_INTERVAL
 from rocm_yolo.run.nodes import Nodes
 from rocm_yolo.run.paths import RunPaths
 
@@ -86,10 +85,9 @@ class RunSpec:
     user_keys: tuple[str, ...] = ()  # keys the user set explicitly (presets never override them)
     env: dict = field(default_factory=dict)  # environment the profile sets (user's own variables win)
     resume: str | None = None  # checkpoint to resume from
+    # a spec made or read without these (by hand, by an older rocm-yolo) holds their options' defaults (TrainRequest)
     conv: str = "auto"
-    checkpoint_every: str = (
-        DEFAULT_CHECKPOINT_INTERVAL  # mid-epoch checkpoints: Ns, Nm, Nh, Nba or 0 (run.midepoch_state)
-    )
+    checkpoint_every: str = "10m"  # mid-epoch checkpoints: Ns, Nm, Nh, Nba or 0 (run.midepoch_state)
     attempt: int = 1
     workers_requested: int | None = None  # what the user asked for, before a profile's cap or divisor
     notes: tuple[str, ...] = ()  # lines for the header (e.g. warnings from resolving the profile)

@@ -9,7 +9,8 @@ import pytest
 
 from rocm_yolo.errors import UsageError
 from rocm_yolo.request import cluster, schedulers
-from rocm_yolo.run.nodes import DEFAULT_RENDEZVOUS_TIMEOUT, Nodes
+from rocm_yolo.request.cluster import DEFAULT_RENDEZVOUS_TIMEOUT
+from rocm_yolo.run.nodes import Nodes
 
 
 @pytest.mark.parametrize(

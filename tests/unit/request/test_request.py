@@ -132,6 +132,32 @@ def test_the_interval_travels_in_the_spec_and_a_resume_keeps_it(tiny_data, tmp_p
     assert default.checkpoint_every == "10m"
 
 
+def test_each_default_is_declared_once_and_the_help_and_the_records_of_the_spec_take_it():
+    """Issue 42: a default a user can change is declared once, in the record its option comes from (TrainRequest,
+    WatchdogConfig); --help says it, and the records that travel in the spec (run/, which imports nothing of the
+    request's) fall back on it for a spec made or read without it."""
+    from dataclasses import fields
+
+    from rocm_yolo.request.cluster import DEFAULT_RENDEZVOUS_TIMEOUT, parse_timeout
+    from rocm_yolo.run.nodes import Nodes
+    from rocm_yolo.supervisor.config import WatchdogConfig
+
+    declared = {name: TrainRequest.default_of(name) for name in ("profile", "conv", "checkpoint_every", "rdzv_timeout")}
+    assert declared == {"profile": "fast", "conv": "auto", "checkpoint_every": "10m", "rdzv_timeout": "10m"}
+    spec = {f.name: f.default for f in fields(RunSpec)}
+    assert (spec["conv"], spec["checkpoint_every"]) == (declared["conv"], declared["checkpoint_every"])
+    timeout = next(f.default for f in fields(Nodes) if f.name == "timeout")
+    assert timeout == DEFAULT_RENDEZVOUS_TIMEOUT == parse_timeout(declared["rdzv_timeout"]) == 600.0
+    helps = {f.name: f.metadata["help"] for f in fields(TrainRequest) if "help" in f.metadata}
+    for name in ("stall_timeout", "startup_grace", "max_restarts", "notify"):
+        assert helps[name] == WatchdogConfig.help(name)
+    assert "(default: 180, at least 10;" in helps["stall_timeout"] and helps["fallback"] == WatchdogConfig.help(
+        "ladder"
+    )
+    assert "(default: 10m)" in helps["rdzv_timeout"] and "(default: 10m;" in helps["checkpoint_every"]
+    assert "(default: fast;" in helps["profile"] and "(default: auto:" in helps["conv"]
+
+
 def test_the_python_api_checks_the_ladder_before_it_claims_a_directory(tiny_data, tmp_path):
     import rocm_yolo
 
