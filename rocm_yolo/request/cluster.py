@@ -65,6 +65,8 @@ def parse_timeout(value: object) -> float:
     return seconds
 
 
+# Every variable that forms a multi-node job without node flags: MASTER_ADDR and MASTER_PORT, and each scheduler's.
+JOB_VARIABLES = (env_names.MASTER_ADDR, env_names.MASTER_PORT, *(v for s in SCHEDULERS for v in s.variables))
 # seconds the nodes wait for each other at the rendezvous when --rdzv-timeout is not given: the option's default
 DEFAULT_RENDEZVOUS_TIMEOUT = parse_timeout(TrainRequest.default_of("rdzv_timeout"))
 

@@ -1,7 +1,8 @@
 """The schedulers whose variables form a multi-node job: each one a small backend that owns its own variables.
 
-As submitit's ``JobEnvironment`` does, each scheduler says, from the variables it sets in every task
-of a job, how many nodes the job has, which one this is and the first host. :mod:`.cluster` asks them in
+As submitit's ``JobEnvironment`` does, each scheduler names the variables it sets in every task of a job (its
+own: :attr:`Scheduler.variables`) and says from them how many nodes the job has, which one this is and the first
+host. :mod:`.cluster` asks them in
 :data:`SCHEDULERS`' order, value by value, where the node flags say nothing. SLURM is the one today; another
 (PBS, LSF, Flux) is one more class with the same three methods, named in :data:`SCHEDULERS`. No scheduler gives a
 port: what every node could derive from a job's variables, anyone who can list the jobs could derive too (the port
@@ -13,7 +14,6 @@ from __future__ import annotations
 import re
 from typing import Mapping, Protocol
 
-from rocm_yolo import environment as env_names
 from rocm_yolo.errors import UsageError, option
 
 
@@ -21,6 +21,7 @@ class Scheduler(Protocol):
     """What a scheduler's variables say of the job this task belongs to (None: they say nothing of it)."""
 
     name: str  # where the job came from, in the run's header (``Nodes.source``)
+    variables: tuple[str, ...]  # every variable of the scheduler's it reads (a test's process strips them)
 
     def nodes(self, env: Mapping[str, str]) -> int | None:
         """How many nodes the job has."""
@@ -42,23 +43,24 @@ class Slurm:
     ``SLURM_JOB_NODELIST`` (older: ``SLURM_NODELIST``)."""
 
     name = "SLURM"
+    NNODES, NODEID, JOB_NODELIST, NODELIST = "SLURM_NNODES", "SLURM_NODEID", "SLURM_JOB_NODELIST", "SLURM_NODELIST"
+    variables = (NNODES, NODEID, JOB_NODELIST, NODELIST)
 
     def nodes(self, env: Mapping[str, str]) -> int | None:
-        return _whole(env, env_names.SLURM_NNODES)
+        return _whole(env, self.NNODES)
 
     def node(self, env: Mapping[str, str]) -> int | None:
-        return _whole(env, env_names.SLURM_NODEID)
+        return _whole(env, self.NODEID)
 
     def first_host(self, env: Mapping[str, str]) -> str | None:
-        nodelist = env.get(env_names.SLURM_JOB_NODELIST) or env.get(env_names.SLURM_NODELIST)
+        nodelist = env.get(self.JOB_NODELIST) or env.get(self.NODELIST)
         if not nodelist:
             return None
         try:
             return expand_nodelist(nodelist)[0]
         except (ValueError, IndexError) as e:
             raise UsageError(
-                f"{env_names.SLURM_JOB_NODELIST}={nodelist} cannot be read ({e}): give "
-                + option("rdzv_endpoint", "HOST:PORT")
+                f"{self.JOB_NODELIST}={nodelist} cannot be read ({e}): give " + option("rdzv_endpoint", "HOST:PORT")
             ) from None
 
 

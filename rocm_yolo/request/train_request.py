@@ -25,6 +25,7 @@ from rocm_yolo.conv.strategies import AUTO as CONV_AUTO
 from rocm_yolo.conv.strategies import CHOICES as CONV_STRATEGIES
 from rocm_yolo.errors import UsageError, option
 from rocm_yolo.policy.profiles import PROFILES, parse_ladder
+from rocm_yolo.request.schedulers import Slurm
 from rocm_yolo.supervisor.config import DEFAULTS as WATCHDOG
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.ultralytics_rules import config as ucfg
@@ -143,7 +144,7 @@ class TrainRequest:
         default=None,
         metadata=_option(
             "machines the run trains on, each running this command with its own --node-rank (default: 1, or "
-            "SLURM_NNODES); the batch is the global batch, divided by all GPUs of all nodes. MIN:MAX: the run goes "
+            f"{Slurm.NNODES}); the batch is the global batch, divided by all GPUs of all nodes. MIN:MAX: the run goes "
             "on without a lost node while at least MIN are left, each step's images kept, and a node that comes "
             "back joins at the next round",
             group="nodes",
@@ -153,7 +154,7 @@ class TrainRequest:
     node_rank: Any = field(
         default=None,
         metadata=_option(
-            "this machine's number, 0 to N-1 (default: SLURM_NODEID); its files go to RUN/rocm_yolo/node-K/",
+            f"this machine's number, 0 to N-1 (default: {Slurm.NODEID}); its files go to RUN/rocm_yolo/node-K/",
             group="nodes",
             metavar="K",
         ),
