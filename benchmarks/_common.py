@@ -90,7 +90,7 @@ def interleaved(a, prefix: str, sides, one_run, report, val: int = 16) -> int:
     ``report(a, results)`` prints the table. 130 when interrupted (every run's processes stopped)."""
     try:
         with work_dir(a.dir, prefix) as root:
-            from rocm_yolo.launch.demo import write_demo
+            from rocm_yolo.request.demo import write_demo
 
             data = write_demo(root / "data", train=a.train, val=val, size=max(a.imgsz, 64))
             print(f"work directory: {root}\n{machine_line()}", flush=True)

@@ -9,7 +9,7 @@
     the background serialization competing for the same cores. Divided by the default
     interval (600 s) it is the cost at ``--checkpoint-every 10m``. The ``mid_checkpoint``
     events give each checkpoint's size, training-thread stall and background write time.
-(b) Stall by model size: :class:`rocm_yolo.trainer.checkpointing.save.MidEpochSave`'s own snapshot (the
+(b) Stall by model size: :class:`rocm_yolo.trainer.midepoch.save.MidEpochSave`'s own snapshot (the
     only part on the training thread) and the background write (``torch.save`` into an
     atomic, fsynced file) for yolo26n/s/m/l/x with an AdamW state, without training.
 (c) Work lost per hang: ``ROCM_YOLO_FAULT=worker-hang@2:B`` late in epoch 2 of a real run
@@ -176,13 +176,13 @@ class _Loader:
 def stall_row(model_yaml: str, root: Path, repeats: int) -> dict:
     import torch
 
+    from rocm_yolo.process.output import RunLog
     from rocm_yolo.run.atomic import write_atomic
-    from rocm_yolo.run.events import RunLog
-    from rocm_yolo.run.midepoch import parse_interval
+    from rocm_yolo.run.midepoch_state import parse_interval
     from rocm_yolo.run.paths import RunPaths
-    from rocm_yolo.trainer.checkpointing.capture import TrainOrder
-    from rocm_yolo.trainer.checkpointing.sample_order import PassSampler
-    from rocm_yolo.trainer.checkpointing.save import MidEpochSave
+    from rocm_yolo.trainer.midepoch.capture import TrainOrder
+    from rocm_yolo.trainer.midepoch.sample_order import PassSampler
+    from rocm_yolo.trainer.midepoch.save import MidEpochSave
 
     trainer = fake_trainer(model_yaml)
     log = RunLog()
@@ -219,11 +219,11 @@ def stall_row(model_yaml: str, root: Path, repeats: int) -> dict:
 
 def per_batch_cost(calls: int) -> float:
     """Seconds per batch of the callbacks when no checkpoint is due (the interval check)."""
-    from rocm_yolo.run.events import RunLog
-    from rocm_yolo.run.midepoch import parse_interval
+    from rocm_yolo.process.output import RunLog
+    from rocm_yolo.run.midepoch_state import parse_interval
     from rocm_yolo.run.paths import RunPaths
-    from rocm_yolo.trainer.checkpointing.capture import TrainOrder
-    from rocm_yolo.trainer.checkpointing.save import MidEpochSave
+    from rocm_yolo.trainer.midepoch.capture import TrainOrder
+    from rocm_yolo.trainer.midepoch.save import MidEpochSave
 
     with tempfile.TemporaryDirectory(prefix="bench-mid-") as tmp:
         log = RunLog()
@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_signals()
     try:
         with work_dir(a.dir, "bench-checkpoint-") as root:
-            from rocm_yolo.launch.demo import write_demo
+            from rocm_yolo.request.demo import write_demo
 
             print(f"work directory: {root}\n{machine_line()}", flush=True)
             command = " ".join(["python", f"benchmarks/{Path(__file__).name}", shlex.join(sys.argv[1:])]).strip()

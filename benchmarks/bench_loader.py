@@ -2,7 +2,7 @@
 
 Each measurement runs in a fresh process shaped like rocm-yolo's training child: the
 default start method is set to spawn before torch is imported; for ``forkserver`` the
-preloaded fork server (rocm_yolo.trainer.loaders.forkserver) is started right then, as the child does;
+preloaded fork server (rocm_yolo.trainer.forkserver.server) is started right then, as the child does;
 then torch and Ultralytics are imported and Ultralytics' own training dataset (mosaic and
 the other augmentations) and ``build_dataloader`` are built, with rocm-yolo's DataLoader
 patch installed. The clock for "first batch" starts at ``iter(loader)``; "from start" is
@@ -41,7 +41,7 @@ def write_data(root: Path, images: int, real: bool) -> Path:
         from _photos import write_photo_set
 
         return write_photo_set(root / "photos", train=images, val=8)
-    from rocm_yolo.launch.demo import write_demo
+    from rocm_yolo.request.demo import write_demo
 
     return write_demo(root / "synthetic", train=images, val=8, size=640)
 
@@ -53,14 +53,14 @@ import multiprocessing
 multiprocessing.set_start_method("spawn", force=True)  # as rocm-yolo's training child, before torch
 args = json.loads(sys.argv[1])
 if args["method"] == "forkserver":
-    from rocm_yolo.trainer.loaders import forkserver
+    from rocm_yolo.trainer.forkserver import server as forkserver
     forkserver.start(args["run_dir"])
 import torch
 from ultralytics.cfg import get_cfg
 from ultralytics.data.build import build_dataloader, build_yolo_dataset
 from ultralytics.data.utils import check_det_dataset
 from rocm_yolo.patches.loaders import dataloader as patch
-from rocm_yolo.run.profiles import resolve
+from rocm_yolo.policy.profiles import resolve
 settings = resolve("fast", args["workers"], {"start_method": args["method"]}, cpu_count=64).loader
 patch.install(settings, args["run_dir"])
 data = check_det_dataset(args["data"])

@@ -5,7 +5,7 @@ Two measurements, each side in a fresh process, the sides in turn for ``--rounds
 - ``modules``: ``--loaders`` loaders of 2 workers, one epoch each, over a dataset defined in a module
   of its own that imports ``torchvision.transforms.v2`` (a user's dataset module with a slow import).
   Plain torch forks its workers from the process that imported the module already; a fork-server
-  worker has to import it, unless the server imported it before it forked (``process/preimport``).
+  worker has to import it, unless the server imported it before it forked (``trainer/forkserver/preimport``).
 - ``death``: a worker killed by SIGKILL after the first batch: seconds until the loader raises.
   torch learns of its own children's deaths from SIGCHLD; the fork server's workers are the
   server's children (``patches/loaders/worker_deaths`` reads their exit status).
@@ -57,13 +57,13 @@ class Busy(Numbers):
 def _setup(side: str, what: str, run: Path) -> None:
     if side == "plain":
         return
-    from rocm_yolo.trainer.loaders import forkserver
+    from rocm_yolo.trainer.forkserver import server as forkserver
 
     forkserver.start(run)
     if side == "before" and what == "modules":
         os.environ.pop("ROCM_YOLO_FORKSERVER_IMPORTS")  # the loader names no module to the server
     from rocm_yolo.patches.loaders import dataloader, worker_deaths
-    from rocm_yolo.run.profiles import resolve
+    from rocm_yolo.policy.profiles import resolve
 
     dataloader.install(resolve("fast", 2, cpu_count=4).loader, run)
     if side == "before" and what == "death":

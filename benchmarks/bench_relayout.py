@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_signals()
     try:
         with work_dir(a.dir, "bench-relayout-") as root:
-            from rocm_yolo.launch.demo import write_demo
+            from rocm_yolo.request.demo import write_demo
 
             data = write_demo(root / "data", train=a.train, val=4, size=max(a.imgsz, 48))
             print(f"work directory: {root}\n{machine_line()}", flush=True)

@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_signals()
     try:
         with work_dir(a.dir, "soak-") as root:
-            from rocm_yolo.launch.demo import write_demo
+            from rocm_yolo.request.demo import write_demo
 
             data = write_demo(root / "data", train=a.train, val=8, size=64)
             print(f"work directory: {root}\n{machine_line()}", flush=True)

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def measure_loading(spec: dict) -> dict:
     """Time to the first batch and images/s after it, for one loader setting (runs in this process)."""
     from rocm_yolo.patches.loaders import dataloader as patch
-    from rocm_yolo.run.profiles import resolve
+    from rocm_yolo.policy.profiles import resolve
 
     kind, n = spec["kind"], spec["n"]
     if kind == "threads":

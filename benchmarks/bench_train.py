@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 data = write_photo_set(root / "photos", train=a.train, val=a.val)
             else:
-                from rocm_yolo.launch.demo import write_demo
+                from rocm_yolo.request.demo import write_demo
 
                 data = write_demo(root / "data", train=a.train, val=a.val, size=max(a.imgsz, 64))
             print(f"work directory: {root}\n{machine_line()}", flush=True)

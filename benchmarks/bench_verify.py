@@ -67,7 +67,7 @@ def per_batch(calls: int, positions: bool, root: Path) -> float:
 
 def good_copy(path: Path, rounds: int) -> dict[str, float]:
     """Median seconds of keeping ``path`` as its verified copy, by a hard link and by a durable copy, interleaved."""
-    from rocm_yolo.run.checkpoints import keep_good_copy
+    from rocm_yolo.run.weights import keep_good_copy
 
     good = path.with_name("last_good.pt")
     times: dict[str, list[float]] = {"link": [], "copy": []}
@@ -85,7 +85,7 @@ def good_copy(path: Path, rounds: int) -> dict[str, float]:
 def main() -> None:
     import torch
 
-    from rocm_yolo.run.checkpoints import verify
+    from rocm_yolo.run.weights import verify
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=200)

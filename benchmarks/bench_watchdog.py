@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with work_dir(a.dir, "bench-watchdog-") as root:
-            from rocm_yolo.launch.demo import write_demo
+            from rocm_yolo.request.demo import write_demo
 
             data = write_demo(root / "data", train=16, val=8, size=64)
             print(f"work directory: {root}\n{machine_line()}", flush=True)

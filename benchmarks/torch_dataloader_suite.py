@@ -35,11 +35,11 @@ def _install():
     if b"pytest" not in cmdline and b"spawn_main" not in cmdline:
         return  # only the tests' own processes: not the fork server, multiprocessing's resource tracker, ...
     import tempfile
-    from rocm_yolo.trainer.loaders import forkserver
+    from rocm_yolo.trainer.forkserver import server as forkserver
     run = tempfile.mkdtemp(prefix="run-", dir=os.environ["ROCM_YOLO_SUITE_RUNS"])
     forkserver.start(run)  # as the training child: before torch is imported
     from rocm_yolo.patches.loaders import dataloader
-    from rocm_yolo.run.profiles import resolve
+    from rocm_yolo.policy.profiles import resolve
     dataloader.install(resolve(os.environ["ROCM_YOLO_SUITE_PROFILE"], 2).loader, run)
 
 if os.environ.get("ROCM_YOLO_SUITE_RUNS"):

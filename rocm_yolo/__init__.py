@@ -5,10 +5,11 @@ process as ``rocm-yolo train``. Importing this package imports neither torch nor
 
 The entrances: :mod:`.cli` (``rocm-yolo``; ``python -m rocm_yolo``), :mod:`.api` (``rocm_yolo.train``)
 and :mod:`.status`; the bottom of the house: :mod:`.environment` (every variable), :mod:`.errors`
-(exit codes), :mod:`.triage` (whose failure an exception is) and :mod:`.version`. The folders: :mod:`.launch`,
-:mod:`.run`, :mod:`.supervisor`, :mod:`.ddp`, :mod:`.diagnosis`, :mod:`.process`, :mod:`.trainer`, :mod:`.gpu`,
-:mod:`.conv`, :mod:`.doctor`, :mod:`.ultralytics_rules`, :mod:`.patches` and the testing plugin
-:mod:`.testing` (CONTRIBUTING.md draws the house).
+(exit codes), :mod:`.triage` (whose failure an exception is) and :mod:`.version`; a child's failure before its work
+starts, as one line and an exit code: :mod:`.setup_failure` (the trainer's, the DDP launcher's). The folders:
+:mod:`.request`, :mod:`.policy`, :mod:`.run`, :mod:`.supervisor`, :mod:`.ddp`, :mod:`.diagnosis`, :mod:`.process`,
+:mod:`.trainer`, :mod:`.gpu`, :mod:`.conv`, :mod:`.doctor`, :mod:`.ultralytics_rules`, :mod:`.patches` and the
+testing plugin :mod:`.testing` (CONTRIBUTING.md draws the house).
 """
 
 from rocm_yolo.version import __version__

@@ -12,7 +12,7 @@ def train(data: str | None = None, **kwargs: Any) -> RunResult:
 
     ``data``: a dataset YAML (a directory of class folders for a classification model), a dataset
     Ultralytics ships by name (``coco8.yaml``), or ``"demo"``. The keywords are the fields of
-    :class:`~rocm_yolo.launch.train_request.TrainRequest`, the options of ``rocm-yolo train``:
+    :class:`~rocm_yolo.request.train_request.TrainRequest`, the options of ``rocm-yolo train``:
 
     - the training: ``model`` (a .pt checkpoint or a .yaml model; default Ultralytics' ``yolo26n.pt``),
       ``epochs``, ``imgsz``, ``batch``, ``device`` (``"cpu"``, ``"0"``, ``"0,1"`` for several GPUs),
@@ -47,11 +47,11 @@ def train(data: str | None = None, **kwargs: Any) -> RunResult:
     What rocm-yolo shows goes where ``sys.stderr`` goes (in Jupyter: the cell), and its advice is in Python
     (``resume with: rocm_yolo.train(resume=...)``).
     """
-    from rocm_yolo import errors, launch
+    from rocm_yolo import errors, request
 
     token = errors.FROM_PYTHON.set(True)
     try:
-        result = launch.train(launch.TrainRequest.from_kwargs(data, **kwargs))
+        result = request.train(request.TrainRequest.from_kwargs(data, **kwargs))
     finally:
         errors.FROM_PYTHON.reset(token)
     if result.exit_code == errors.INTERRUPTED:  # Ctrl-C: the tree is gone; stop the caller as Python does

@@ -13,7 +13,7 @@ import sys
 
 from rocm_yolo import errors, triage
 from rocm_yolo.errors import UsageError
-from rocm_yolo.run.profiles import PROFILES
+from rocm_yolo.policy.profiles import PROFILES
 from rocm_yolo.version import __version__
 
 EPILOG = errors.HELP
@@ -27,8 +27,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def _add_train(sub) -> None:
-    from rocm_yolo.launch.train_request import add_arguments
-    from rocm_yolo.run.profiles import LOADER_SETTINGS
+    from rocm_yolo.policy.profiles import LOADER_SETTINGS
+    from rocm_yolo.request.train_request import add_arguments
 
     p = sub.add_parser(
         "train",
@@ -79,14 +79,14 @@ def cmd_profiles(args) -> int:
 
 
 def cmd_train(args, extra: list[str]) -> int:
-    from rocm_yolo import launch
+    from rocm_yolo.request import TrainRequest, prepare, supervise
 
-    request = launch.TrainRequest.from_args(args, extra)
+    request = TrainRequest.from_args(args, extra)
     config = request.watchdog_config()  # its errors before anything is claimed
-    spec = launch.prepare(request)
-    result = launch.supervise(spec, config, user_resume=request.resuming)  # it says how the run ended
+    spec = prepare(request)
+    result = supervise(spec, config, user_resume=request.resuming)  # it says how the run ended
     if request.data == "demo" and result.exit_code == errors.OK:
-        from rocm_yolo.run.events import show
+        from rocm_yolo.process.output import show
 
         show(DEMO_NEXT + "\n")
     return result.exit_code

@@ -1,4 +1,5 @@
-"""Every environment variable rocm-yolo reads or sets, in one place (as submitit's ``JobEnvironment`` does it).
+"""Every environment variable rocm-yolo reads or sets, in one place (as submitit's ``JobEnvironment`` does it), but
+a scheduler's own, which its backend names (:mod:`rocm_yolo.request.schedulers`).
 
 The bottom of the house: it imports nothing of rocm-yolo's, and every other module takes the
 names from here.
@@ -11,7 +12,7 @@ Between rocm-yolo's own processes (one sets it, a descendant reads it):
 - :data:`TORCHRUN_PID`: on several GPUs, the ``torch.distributed.run`` each rank dies with;
 - :data:`TRAINER_PID`, :data:`RUN_DIR`: the trainer a fork server dies with, and where it records itself;
 - :data:`FORKSERVER_IMPORTS`: the descriptor (a pipe from the trainer) of the modules the fork server imports
-  before it forks (:mod:`rocm_yolo.process.preimport`);
+  before it forks (:mod:`rocm_yolo.trainer.forkserver.preimport`);
 - :data:`NODE`: on more than one machine, rocm-yolo's id of this node: every process of its tree writes its
   files into the node's own folder of the run (:class:`rocm_yolo.run.paths.RunPaths`).
 
@@ -33,9 +34,9 @@ For tests and benchmarks only:
 Torch's launcher sets :data:`RANK`, :data:`LOCAL_RANK`, :data:`WORLD_SIZE` and :data:`LOCAL_WORLD_SIZE` in each rank,
 as Ultralytics reads them; rocm-yolo sets :data:`SHARE_RDZV_STORE_OFF` for it on more than one machine (pytorch#135712).
 
-Read from a scheduler, on more than one machine with no node flags (:mod:`rocm_yolo.launch.cluster`):
-SLURM's :data:`SLURM_NNODES`, :data:`SLURM_NODEID` and :data:`SLURM_JOB_NODELIST` (older: :data:`SLURM_NODELIST`);
-:data:`MASTER_ADDR` and :data:`MASTER_PORT` win when set (no port given: the run draws its own).
+Read on more than one machine with no node flags (:mod:`rocm_yolo.request.cluster`): :data:`MASTER_ADDR` and
+:data:`MASTER_PORT` when set (no port given: the run draws its own), else a scheduler's own variables, each named by
+its backend (:mod:`rocm_yolo.request.schedulers`: SLURM's ``SLURM_NNODES``, ``SLURM_NODEID``, ...).
 """
 
 from __future__ import annotations
@@ -76,11 +77,7 @@ WORLD_SIZE = "WORLD_SIZE"
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 SHARE_RDZV_STORE_OFF = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
-# a scheduler's, on more than one machine
-SLURM_NNODES = "SLURM_NNODES"
-SLURM_NODEID = "SLURM_NODEID"
-SLURM_JOB_NODELIST = "SLURM_JOB_NODELIST"
-SLURM_NODELIST = "SLURM_NODELIST"
+# a multi-node job's, on more than one machine (a scheduler's own are its backend's: rocm_yolo.request.schedulers)
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 

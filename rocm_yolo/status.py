@@ -6,7 +6,7 @@ files say; and the round of the rendezvous they agree on. A node whose superviso
 machine cannot be asked whether it lives: its heartbeat's age says it.
 
 A run that is not running and not finished (stopped, failed, ...) also shows what a resume will start from: the
-checkpoint ``rocm-yolo train --resume RUN`` takes (:func:`rocm_yolo.launch.resume_target.resume_point`: the newest
+checkpoint ``rocm-yolo train --resume RUN`` takes (:func:`rocm_yolo.request.resume_target.resume_point`: the newest
 valid one, mid-epoch or ``last.pt``), read without torch. The heartbeat says where the run was last heard, which
 may be batches or epochs past it.
 
@@ -25,21 +25,22 @@ import psutil
 
 from rocm_yolo import errors
 from rocm_yolo.errors import UsageError
-from rocm_yolo.launch.resume_target import resume_point
+from rocm_yolo.policy.placement import fits
 from rocm_yolo.process import kernel_view
 from rocm_yolo.process.lifecycle import alive
+from rocm_yolo.request.resume_target import resume_point
 from rocm_yolo.run import heartbeat
-from rocm_yolo.run.devices import Relayout, fits
+from rocm_yolo.run.devices import Relayout
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.nodes import read_round
 from rocm_yolo.run.paths import STATE_DIRNAME, RunPaths
 from rocm_yolo.run.spec import RunSpec
-from rocm_yolo.run.supervisor_state import State, SupervisorState, read_state
+from rocm_yolo.run.supervisor_state import RunState, SupervisorState, read_state
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.stall import StallDetector
 from rocm_yolo.ultralytics_rules.checkpoint import summary
 
-LIVE = (State.RUNNING.value, "stalled?")  # states of a run that trains now
+LIVE = (RunState.RUNNING.value, "stalled?")  # states of a run that trains now
 TOLD = ("profile", "restarts", "lost_seconds", "detail", "verdict")  # of the supervisor's record, as it holds them
 HEARD = ("phase", "epoch", "epochs", "batch", "batches", "it_s", "attempt")  # of a heartbeat: where the run is
 RANK_HEARD = ("phase", "epoch", "batch", "batches", "attempt")  # of a rank's: where that rank is
@@ -85,7 +86,7 @@ def collect(run_dir: Path, now: float | None = None) -> dict:
     now = time.time() if now is None else now
     nodes = _multi_node(run_dir)
     info = _collect(RunPaths(run_dir, nodes[0] if nodes else None), now)
-    if info["state"] not in (*LIVE, State.FINISHED.value) and info.get("phase") != "done":
+    if info["state"] not in (*LIVE, RunState.FINISHED.value) and info.get("phase") != "done":
         info["resume"] = resume_from(RunPaths(run_dir))  # the run's weights, whichever node wrote them
     if not nodes:
         return info
@@ -124,7 +125,7 @@ def _collect(paths: RunPaths, now: float) -> dict:
     run_dir = paths.run_dir
     hb = heartbeat.read(paths.heartbeat)
     sup = read_state(paths)
-    known = sup or SupervisorState(state=State.RUNNING, profile=None)  # no record: nothing known of the supervisor
+    known = sup or SupervisorState(state=RunState.RUNNING, profile=None)  # no record: nothing known of the supervisor
     info: dict = {
         "run_dir": str(run_dir),
         "state": sup.state.value if sup else "unknown",
@@ -135,7 +136,7 @@ def _collect(paths: RunPaths, now: float) -> dict:
     }
     if sup is not None and sup.running and not alive(sup.supervisor_pid):
         info["state"] = "stopped"  # the supervisor is gone without writing a final state (killed -9?)
-    if info["state"] == State.RUNNING.value:
+    if info["state"] == RunState.RUNNING.value:
         info.update(_trainer(sup, now))
     if hb is not None:
         spec = _spec_of(paths, hb.attempt)
@@ -154,14 +155,14 @@ def _collect(paths: RunPaths, now: float) -> dict:
                 "micro_batches": relaid.serves,
                 "images_a_step": relaid.layout.batch,
             }
-        if info["state"] == State.RUNNING.value and hb.phase != "done" and _stalled(hb, sup, now):
+        if info["state"] == RunState.RUNNING.value and hb.phase != "done" and _stalled(hb, sup, now):
             info["state"] = "stalled?"
         live = info["state"] in LIVE  # a speed and an ETA only while it trains
         if live and hb.it_s > 0 and hb.batches and hb.epochs and hb.phase == "train":
             left = (hb.batches - hb.batch) + (hb.epochs - hb.epoch) * hb.batches
             info["eta_seconds"] = round(left / hb.it_s)
     # a finished run: rank 0 says it; an earlier attempt's ranks (a run resumed on fewer GPUs) are not this one's
-    done = hb is None or hb.phase == "done" or info["state"] == State.FINISHED.value  # a rank above 0 says no "done"
+    done = hb is None or hb.phase == "done" or info["state"] == RunState.FINISHED.value  # a rank above 0 says no "done"
     ranks = _ranks(paths, now, hb.attempt) if not done else []
     if ranks:
         info["ranks"] = ranks
@@ -242,7 +243,7 @@ def _render(info: dict) -> str:
         f"run:       {info['run_dir']}",
         f"state:     {info['state']}" + (f" ({'; '.join(notes)})" if notes else ""),
     ]
-    done = info["state"] == State.FINISHED.value or info.get("phase") == "done"
+    done = info["state"] == RunState.FINISHED.value or info.get("phase") == "done"
     if "epoch" in info and done:  # its last batch and speed were the final validation's
         lines.append(f"progress:  done after epoch {info['epoch']}/{info['epochs']}")
     elif "epoch" in info:

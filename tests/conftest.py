@@ -20,8 +20,9 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from helpers import EXPECT_VAR, Cli  # noqa: E402
-from rocm_yolo.launch.demo import write_demo  # noqa: E402
-from rocm_yolo.run.profiles import resolve  # noqa: E402
+from rocm_yolo.policy.profiles import resolve  # noqa: E402
+from rocm_yolo.request.cluster import JOB_VARIABLES  # noqa: E402
+from rocm_yolo.request.demo import write_demo  # noqa: E402
 from rocm_yolo.run.spec import RunSpec  # noqa: E402
 from taskdata import TASKS, write_task_data  # noqa: E402
 
@@ -60,21 +61,12 @@ def own_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-# A scheduler's variables form a multi-node job with no node flags (rocm_yolo.launch.cluster): inside a SLURM
-# allocation every rocm-yolo the tests start would join one. The tests form the jobs they mean themselves.
-SCHEDULER_VARIABLES = (
-    "SLURM_NNODES",
-    "SLURM_NODEID",
-    "SLURM_JOB_NODELIST",
-    "SLURM_NODELIST",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
-
-
+# A scheduler's variables form a multi-node job with no node flags (rocm_yolo.request.cluster): inside a SLURM
+# allocation every rocm-yolo the tests start would join one. The tests form the jobs they mean themselves: every
+# variable that forms one (JOB_VARIABLES: MASTER_*, and each scheduler backend's own) is stripped.
 @pytest.fixture(scope="session", autouse=True)
 def no_scheduler_job():
-    saved = {k: os.environ.pop(k) for k in SCHEDULER_VARIABLES if k in os.environ}
+    saved = {k: os.environ.pop(k) for k in JOB_VARIABLES if k in os.environ}
     yield
     os.environ.update(saved)
 

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from rocm_yolo.diagnosis.evidence import Machine
-from rocm_yolo.run.events import RunLog
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.supervisor.loop import Supervisor
 

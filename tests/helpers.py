@@ -14,10 +14,10 @@ from pathlib import Path
 
 import psutil
 
-from rocm_yolo import launch
+import rocm_yolo.request
 from rocm_yolo.environment import ANY_PLUGIN
-from rocm_yolo.launch.train_request import TrainRequest
 from rocm_yolo.process.tagged import Tagged
+from rocm_yolo.request.train_request import TrainRequest
 from rocm_yolo.run.events import read_events
 from rocm_yolo.run.paths import RunPaths
 
@@ -127,7 +127,7 @@ def request(data: str | None = None, **kwargs) -> TrainRequest:
 
 def prepare(data: str | None = None, **kwargs):
     """``request(...)`` validated and its run directory claimed: the first attempt's spec."""
-    return launch.prepare(request(data, **kwargs))
+    return rocm_yolo.request.prepare(request(data, **kwargs))
 
 
 def kfd_tree(base: Path, *versions: int | None) -> Path:

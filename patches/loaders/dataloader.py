@@ -15,7 +15,7 @@ settings when it has worker processes. Whose settings win depends on who built t
   torch and is refused as torch refuses it;
 
 and in both, the start method is the profile's (the preloaded fork server,
-:mod:`rocm_yolo.trainer.loaders.forkserver`, by default) unless the loader chose one, and
+:mod:`rocm_yolo.trainer.forkserver.server`, by default) unless the loader chose one, and
 ``worker_init_fn`` is wrapped by :class:`WorkerInit`, which registers faulthandler in the
 worker and records how the worker was made. Workers that are not this process's children
 (the fork server's) are watched by :mod:`rocm_yolo.patches.loaders.worker_deaths`, installed with this
@@ -25,7 +25,7 @@ Before a loader whose workers start by a fork server or spawn is built, what the
 is checked (:func:`check_sendable`, :func:`check_main_guard`): a dataset, ``worker_init_fn`` or
 ``collate_fn`` defined inside a function, or a script without an ``if __name__ == "__main__":``
 guard, is refused in one line (:class:`LoaderArgumentError`), not by a traceback from inside
-a worker. The dataset's module is imported once by the fork server (:mod:`rocm_yolo.process.preimport`).
+a worker. The dataset's module is imported once by the fork server (:mod:`rocm_yolo.trainer.forkserver.preimport`).
 
 One of the run's own loaders with ``num_workers=0`` under a ``threads`` setting (profile ``threads``)
 is marked to load in threads of this process instead (:mod:`rocm_yolo.patches.loaders.threads`, installed with this
@@ -53,12 +53,12 @@ import torch.utils.data
 from rocm_yolo.errors import UsageError
 from rocm_yolo.patches.loaders import threads, worker_deaths
 from rocm_yolo.patches.swap import Swaps
-from rocm_yolo.process import preimport
 from rocm_yolo.process.lifecycle import alive, die_with_parent, dump_stacks_into
 from rocm_yolo.run import hooks
 from rocm_yolo.run.atomic import append_log
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.run.profiles import LoaderSettings
+from rocm_yolo.run.spec import LoaderSettings
+from rocm_yolo.trainer.forkserver import preimport
 from rocm_yolo.ultralytics_rules import compat
 
 # torch internals this patch relies on (checked at start-up with Ultralytics' own, rocm_yolo.ultralytics_rules.compat)
@@ -388,9 +388,9 @@ def describe(entry: Mapping) -> str:
 
 def _how_made() -> str:
     """How this process was started: spawn, forkserver or fork, from its real command line; a worker of a fork
-    server forked from the trainer (:mod:`rocm_yolo.trainer.loaders.forkserver`) has the trainer's, and its
+    server forked from the trainer (:mod:`rocm_yolo.trainer.forkserver.server`) has the trainer's, and its
     server's mark."""
-    server = sys.modules.get("rocm_yolo.trainer.loaders.forkserver")
+    server = sys.modules.get("rocm_yolo.trainer.forkserver.server")
     if getattr(server, "FORKED", False):
         return "forkserver"
     try:

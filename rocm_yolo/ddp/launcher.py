@@ -28,7 +28,7 @@ The launcher stays between the supervisor and ``torch.distributed.run``:
 
 This module does not import torch. As the training child's, its stacks go to ``RUN/stacks/trainer-PID.txt``
 when the watchdog asks, and a failure before the ranks start is one line and an exit code
-(:func:`rocm_yolo.trainer.failures.report_setup_failure`).
+(:func:`rocm_yolo.setup_failure.report_setup_failure`).
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ from rocm_yolo import environment, errors
 from rocm_yolo.ddp.relay import Relay, make_fifo, remove_fifo
 from rocm_yolo.ddp.rendezvous import NodeRendezvous
 from rocm_yolo.process.lifecycle import die_with_parent, dump_stacks_into, pdeathsig_kill
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.process.tree import SAFE_PATH, python
 from rocm_yolo.run.devices import world_size
-from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.spec import RunSpec
-from rocm_yolo.trainer.failures import report_setup_failure
+from rocm_yolo.setup_failure import report_setup_failure
 
 QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
 # what a rank's exit code says, most telling first: a user error or a finished run is no crash to retry

@@ -38,7 +38,7 @@ Each node's launcher starts its node's agent, as ``torchrun`` would be started o
   the launcher exits with :data:`rocm_yolo.errors.REGROUP`, and the node's supervisor meets it there, from the
   run's newest checkpoint, without spending a restart. With ``--nnodes MIN:MAX`` torch's rendezvous waits for the
   missing nodes up to ``--rdzv-timeout`` (its join and last-call timeouts), then goes on with the MIN or more that
-  came: the ranks train the run's layout on the GPUs there are (:mod:`rocm_yolo.trainer.checkpointing.relayout`).
+  came: the ranks train the run's layout on the GPUs there are (:mod:`rocm_yolo.trainer.midepoch.relayout`).
 - **Success is the run's own**: every rank of this node ended its training (exit 0). The agent that
   did not host the store may exit 1 at the end (``DistNetworkError``) although training finished
   (:func:`rocm_yolo.ddp.launcher.outcome`).
@@ -57,9 +57,9 @@ from shlex import quote
 
 from rocm_yolo import errors
 from rocm_yolo.ddp.torchrun import RENDEZVOUS_FAILED, RENDEZVOUS_TIMEOUT
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.process.tree import python
 from rocm_yolo.run.atomic import private_dirs, write_atomic
-from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.nodes import NodeStop, read_round, stopped_node
 from rocm_yolo.run.spec import RunSpec
 

@@ -340,7 +340,7 @@ def context(spec: RunSpec, machine: Machine, diagnosis: Diagnosis, evidence: Evi
 def _host_memory(spec: RunSpec) -> dict:
     """What a host out of memory's advice needs: the machine's memory, the image cache's size (``cache=ram``: an
     estimate from a sample, as Ultralytics' check_cache_ram makes it), the attempt's workers and their prefetch."""
-    found: dict = {"workers": spec.loader.workers, "prefetch": spec.loader.prefetch_factor or 4}
+    found: dict = {"workers": spec.loader.workers, "prefetch": spec.loader.prefetch_factor or ucfg.TRAIN_PREFETCH}
     m = re.search(r"^MemTotal:\s+(\d+) kB", _read(Path("/proc/meminfo")), re.M)
     if m:
         found["memory_total"] = int(m[1]) * 1024

@@ -32,6 +32,7 @@ from rocm_yolo.diagnosis.record import Diagnosis
 from rocm_yolo.diagnosis.vocabulary import NCCL_SHM
 from rocm_yolo.gpu import known_fixes
 from rocm_yolo.run.supervisor_state import Failure
+from rocm_yolo.ultralytics_rules.config import TRAIN_PREFETCH
 
 P2P_VARIABLE = "NCCL_P2P_DISABLE"
 SHM_VARIABLE = "NCCL_SHM_DISABLE"  # a collective that failed for room in /dev/shm: its transport, not P2P
@@ -57,7 +58,7 @@ class Context:
     memory_total: int | None = None  # host-oom: the machine's memory (/proc/meminfo)
     cache_bytes: int | None = None  # host-oom with cache=ram: what Ultralytics' image cache holds (an estimate)
     workers: int | None = None  # host-oom: the attempt's DataLoader workers (train; validation has as many again)
-    prefetch: int = 4  # batches each worker holds in flight (Ultralytics' prefetch_factor for training)
+    prefetch: int = TRAIN_PREFETCH  # batches each worker holds in flight (Ultralytics' prefetch_factor for training)
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,11 @@ Each check is one row: a status (✓ ok, ⚠ warning, ✗ blocks training, – s
 found, and the fix in words a user can act on; a verdict as a person would say it ends the
 report. Torch-free: every check that needs torch runs in a subprocess under a timeout.
 
-- :mod:`.cli`: the command line;
+- :mod:`.cli`: the command line, and the request validated;
+- :mod:`.options`: ``DoctorRequest`` (each option declared once: its flag, default and help) and the ``Options`` the
+  checks read;
 - :mod:`.checks`: the registry of checks: their names (``--skip``), their order, their functions;
-- :mod:`.report`: rows, options, statuses, exit codes, the verdict and the output;
+- :mod:`.report`: rows, statuses, exit codes, the verdict and the output;
 - :mod:`.system`: versions, shared memory and open files, the start method, the kernel log;
 - :mod:`.gpu_checks`: architecture, device files and groups, torch's GPU code, the conv self-test;
 - :mod:`.hsa_override`: ``HSA_OVERRIDE_GFX_VERSION`` against each GPU;
@@ -19,6 +21,7 @@ The names below are its API for scripts: ``rocm_yolo.doctor.diagnose(Options(...
 
 from rocm_yolo.doctor.checks import NAMES as CHECKS
 from rocm_yolo.doctor.cli import add_arguments, diagnose, main, run
+from rocm_yolo.doctor.options import Options
 from rocm_yolo.doctor.report import (
     EXIT_OK,
     EXIT_PROBLEMS,
@@ -27,7 +30,6 @@ from rocm_yolo.doctor.report import (
     OK,
     SKIP,
     WARN,
-    Options,
     Row,
     conclusion,
     exit_code,

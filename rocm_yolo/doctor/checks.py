@@ -14,7 +14,8 @@ import functools
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-from rocm_yolo.doctor.report import SKIP, Options, Row
+from rocm_yolo.doctor.options import Options
+from rocm_yolo.doctor.report import SKIP, Row
 
 
 class Facts:

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Iterator
 
 from rocm_yolo.doctor.loader_probe import check_loader, loader_skipped
-from rocm_yolo.doctor.report import FAIL, OK, WARN, Options, Row, plural
+from rocm_yolo.doctor.options import Options
+from rocm_yolo.doctor.report import FAIL, OK, WARN, Row, plural
 from rocm_yolo.ultralytics_rules.data.classify import classify_images, load_classify_spec
 from rocm_yolo.ultralytics_rules.data.datasets import DataError, detection_layout, image_files, label_path, load_spec
 from rocm_yolo.ultralytics_rules.data.labels import LabelFormat, check_image, check_label, label_format

@@ -16,7 +16,8 @@ from typing import Iterator
 from rocm_yolo.conv import selftest as convtest
 from rocm_yolo.doctor import hsa_override
 from rocm_yolo.doctor.multigpu import check_multi_gpu
-from rocm_yolo.doctor.report import FAIL, OK, SKIP, WARN, Options, Row
+from rocm_yolo.doctor.options import Options
+from rocm_yolo.doctor.report import FAIL, OK, SKIP, WARN, Row
 from rocm_yolo.doctor.system import python_json
 from rocm_yolo.gpu import arch as gpu_arch
 from rocm_yolo.gpu import presets as gpu_presets

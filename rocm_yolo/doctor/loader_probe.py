@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from rocm_yolo.doctor.report import FAIL, OK, SKIP, WARN, Options, Row, loader_plan, plural
+from rocm_yolo.doctor.options import Options, loader_plan
+from rocm_yolo.doctor.report import FAIL, OK, SKIP, WARN, Row, plural
 from rocm_yolo.process.tree import python, run_bounded
 
 _EVENT = "@@doctor "
@@ -50,9 +51,9 @@ def probe_main(spec_file: str) -> None:
     method = spec.get("start_method", "forkserver")
     _emit("start")
     if spec["workers"] and method == "forkserver":
-        from rocm_yolo.trainer.loaders import forkserver
+        from rocm_yolo.trainer.forkserver import server
 
-        forkserver.start(spec["run_dir"])  # records itself in RUN/rocm_yolo/forkserver.json, as in training
+        server.start(spec["run_dir"])  # records itself in RUN/rocm_yolo/forkserver.json, as in training
     import torch
     from ultralytics.cfg import get_cfg
     from ultralytics.data.build import build_yolo_dataset
@@ -81,7 +82,7 @@ def probe_main(spec_file: str) -> None:
         patch = "absent"
         try:
             from rocm_yolo.patches.loaders import dataloader as patch_module
-            from rocm_yolo.run.profiles import LoaderSettings
+            from rocm_yolo.run.spec import LoaderSettings
 
             patch_module.install(
                 LoaderSettings(

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from rocm_yolo.doctor.report import FAIL, OK, WARN, Options, Row
+from rocm_yolo.doctor.options import Options
+from rocm_yolo.doctor.report import FAIL, OK, WARN, Row
 from rocm_yolo.gpu import wheels
 from rocm_yolo.gpu.arch import architectures
 from rocm_yolo.gpu.known_fixes import RCCL_KERNEL_OPTIONS

@@ -1,21 +1,14 @@
-"""The doctor's vocabulary and its report: a :class:`Row`, the :class:`Options` the checks read, the
-statuses and exit codes, what a run with those options would load (:func:`loader_plan`), and the
-verdict and output (a table for people, JSON for scripts).
+"""The doctor's vocabulary and its report: a :class:`Row`, the statuses and exit codes, and the verdict and output
+(a table for people, JSON for scripts).
 
 The checks (:mod:`.system`, :mod:`.gpu_checks`, :mod:`.data_checks`, :mod:`.loader_probe`) import this module and
-not one another's command line (:mod:`.cli`).
+the options they read (:mod:`.options`), not one another's command line (:mod:`.cli`).
 """
 
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Iterable
-
-from rocm_yolo.run.profiles import DEFAULT_PROFILE
-from rocm_yolo.ultralytics_rules import config as ucfg
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
@@ -24,11 +17,6 @@ EXIT_USAGE = 2
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 SYMBOLS = {OK: "✓", WARN: "⚠", FAIL: "✗", SKIP: "–"}
 _COLOURS = {OK: "\033[32m", WARN: "\033[33m", FAIL: "\033[31m", SKIP: "\033[2m"}
-
-
-def train_sizes() -> dict:
-    """Ultralytics' train defaults, batch and imgsz (its ``cfg/default.yaml``): the shared-memory estimate's."""
-    return {key: ucfg.default(key) for key in ("batch", "imgsz")}
 
 
 @dataclass
@@ -42,55 +30,6 @@ class Row:
     fix: str | None = None  # what to do, in words a user can act on
     details: list[str] = field(default_factory=list)  # extra lines (file names, log lines)
     data: dict[str, Any] = field(default_factory=dict)  # machine-readable facts for --json
-
-
-@dataclass
-class Options:
-    """Everything the checks need: the parsed arguments plus the injectable system roots."""
-
-    data: Path | None = None  # a dataset YAML, or a class-per-folder directory (classification)
-    task: str | None = None  # what the data is checked for; None: what the data says (doctor.data.data_task)
-    workers: int | None = None  # None: the profile's default
-    batch: int = field(default_factory=lambda: train_sizes()["batch"])
-    imgsz: int = field(default_factory=lambda: train_sizes()["imgsz"])
-    cache: str = "false"  # the run's cache=: "ram" counts Ultralytics' image cache in the shared-memory need
-    profile: str = DEFAULT_PROFILE
-    timeout: float = 120.0  # per subprocess step (DataLoader: from the moment the data set is built)
-    skip: frozenset = frozenset()
-    root: Path = Path("/")  # file-system root for /dev, /opt/rocm, /etc/group (fake trees in tests)
-    rocm_path: Path | None = None
-    kfd_root: str | None = None  # passed to rocm_yolo.gpu.arch.detect_gpus
-    kernel_log: Path | None = None  # read this file instead of dmesg / journalctl
-    json: bool = False
-    progress: bool = False  # progress bar on stderr
-    python: str = sys.executable
-    # identity of the user, None: the real one (tests pass a fake user for fake device trees)
-    uid: int | None = None
-    user: str | None = None
-    groups: frozenset | None = None  # names of the groups of this session
-    nofile: tuple[int, int] | None = None  # (soft, hard) RLIMIT_NOFILE
-    cpus: int | None = None
-
-    def path(self, absolute: str) -> Path:
-        """``absolute`` (e.g. "/dev/kfd") under the configured root."""
-        return self.root / absolute.lstrip("/")
-
-
-def loader_plan(opts: Options) -> dict:
-    """Workers, validation workers and prefetch a training run with these options would use."""
-    from rocm_yolo.run.profiles import resolve
-
-    cpus = opts.cpus or os.cpu_count() or 1
-    resolved = resolve(opts.profile, opts.workers, cpu_count=cpus)
-    s = resolved.loader
-    val_workers = s.val_workers if s.val_workers is not None else min(2 * s.workers, cpus)
-    return {
-        "workers": s.workers,
-        "val_workers": val_workers if s.workers else 0,
-        "prefetch": s.prefetch_factor or 0,
-        "start_method": s.start_method,
-        "warnings": list(resolved.warnings),
-    }
 
 
 # ---------------------------------------------------------------------------------------

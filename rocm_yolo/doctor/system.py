@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from rocm_yolo.doctor.report import FAIL, OK, SKIP, WARN, Options, Row, loader_plan
+from rocm_yolo.doctor.options import Options, loader_plan
+from rocm_yolo.doctor.report import FAIL, OK, SKIP, WARN, Row
 from rocm_yolo.gpu import kernel_log, known_fixes, wheels
 from rocm_yolo.gpu.arch import architectures
 from rocm_yolo.gpu.torch_build import torch_build

@@ -9,8 +9,9 @@ DataLoader worker use it, and so do the doctor, the conv self-test, the tests an
 - :mod:`.kernel_view`: what the kernel says of a tree in /proc: where each thread waits, whether the processes move;
 - :mod:`.cgroup`: the run's memory cgroup: the OOM kills it counted, the memory it allows;
 - :mod:`.tagged`: commands started with a tag in their environment, all their processes found and stopped;
+- :mod:`.output`: what a process of the run shows and keeps (``RunLog``: the terminal, the run's log, its events),
+  never blocking on a paused terminal (``FdSink``, a writer thread);
 - :mod:`.terminal`: a terminal that went away (EIO) is no failure: its writes dropped or kept in the run's log;
 - :mod:`.tee`: a child's stderr copied to the terminal as it comes, and kept (a bounded file, its tail in memory);
-- :mod:`.background`: shell commands in the background with a few bytes on stdin, bounded in time (notifications);
-- :mod:`.preimport`: the modules a fork server imports once before it forks, instead of in every worker.
+- :mod:`.background`: shell commands in the background with a few bytes on stdin, bounded in time (notifications).
 """

@@ -7,8 +7,8 @@ Python code of the child can catch them. So the child's stderr is a pipe whose o
 daemon thread reads every chunk at once and hands it to a sink (whole lines: a line's beginning waits up
 to 0.1 s for its end, so the child's stdout, written to the same terminal, never lands inside it),
 appends it to a file (kept under ``cap`` bytes: its newest half survives) and keeps the newest
-``tail`` bytes in memory. The sink is :func:`rocm_yolo.run.events.stderr_sink`'s: the terminal (an
-:class:`~rocm_yolo.run.events.FdSink`, which never blocks: a terminal whose output is paused with Ctrl-S keeps
+``tail`` bytes in memory. The sink is :func:`rocm_yolo.process.output.stderr_sink`'s: the terminal (an
+:class:`~rocm_yolo.process.output.FdSink`, which never blocks: a terminal whose output is paused with Ctrl-S keeps
 neither this thread nor the child waiting, and gets what it missed, bounded, when it takes output again) or, in a
 Jupyter kernel, the cell's stream. Whatever the child wrote before it died is
 still in the pipe: :meth:`Tee.drain` waits (bounded) until it has been copied, so the lines keep their order with
@@ -31,8 +31,8 @@ import time
 from collections import deque
 from pathlib import Path
 
+from rocm_yolo.process.output import FdSink, printable
 from rocm_yolo.run.atomic import open_append, write_atomic
-from rocm_yolo.run.events import FdSink, printable
 
 CAP = 1 << 20  # the file: at most 1 MiB (its newest half survives a trim)
 TAIL = 64 << 10  # in memory: the newest 64 KiB
@@ -42,8 +42,8 @@ PARTIAL = 64 << 10  # a line's beginning held for its end: at most 64 KiB, then 
 
 class Tee:
     def __init__(self, fd: int, out, path: Path | None = None, cap: int = CAP, tail: int = TAIL):
-        """``out``: where the copy goes: a sink (:func:`rocm_yolo.run.events.stderr_sink`), a file descriptor (an
-        :class:`~rocm_yolo.run.events.FdSink` of the Tee's own, closed when the pipe is), or None (no copy)."""
+        """``out``: where the copy goes: a sink (:func:`rocm_yolo.process.output.stderr_sink`), a file descriptor (an
+        :class:`~rocm_yolo.process.output.FdSink` of the Tee's own, closed when the pipe is), or None (no copy)."""
         self.fd = fd
         self._own = isinstance(out, int)
         self.out = FdSink(out) if self._own else out

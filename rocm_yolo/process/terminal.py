@@ -8,7 +8,7 @@ same stream until a write fails because the terminal is gone; then the file desc
 ``/dev/null`` (what C writes to it is dropped too), ``on_lost`` is called once, and from then on each complete
 line (a progress bar's last state, without colours) goes to ``keep``, e.g. the run's log. A reader that went
 away from a pipe (EPIPE) is not guarded: the CLI stops quietly on it (exit 141), as before. What it writes keeps no
-control character a terminal would act on but colours (:func:`rocm_yolo.run.events.printable`).
+control character a terminal would act on but colours (:func:`rocm_yolo.process.output.printable`).
 
 Install it before the code that keeps a reference to the stream is imported (Ultralytics' logger holds
 ``sys.stdout`` from its import on). :func:`in_foreground` says whether the job is its terminal's foreground job (what
@@ -23,7 +23,7 @@ import re
 import sys
 from typing import Callable, Optional
 
-from rocm_yolo.run.events import printable
+from rocm_yolo.process.output import printable
 
 LOST = frozenset({errno.EIO, errno.ENXIO})  # the terminal is gone
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -37,8 +37,6 @@ from typing import Mapping
 from rocm_yolo.run.atomic import PRIVATE_FILE, open_no_link, private_dir, write_atomic
 from rocm_yolo.run.paths import RunPaths
 
-DEFAULT_RENDEZVOUS_TIMEOUT = 600.0  # seconds the nodes wait for each other at the rendezvous (--rdzv-timeout)
-
 
 @dataclass(frozen=True)
 class Nodes:
@@ -47,7 +45,8 @@ class Nodes:
     count: int  # how many nodes (--nnodes, SLURM_NNODES)
     node: int  # rocm-yolo's id of this node, 0..count-1 (--node-rank, SLURM_NODEID): its files are node-K/
     endpoint: str  # HOST:PORT of torch's c10d rendezvous (--rdzv-endpoint; SLURM: the first host, the run's port)
-    timeout: float = DEFAULT_RENDEZVOUS_TIMEOUT  # seconds to wait for the other nodes there (--rdzv-timeout)
+    # seconds to wait for the other nodes there (--rdzv-timeout; a record made or read without one: its default)
+    timeout: float = 600.0
     source: str = "flags"  # where the job came from, for the header: flags, SLURM
     round: int = 1  # the round of the rendezvous this attempt joins (:class:`Round`)
     own_port: bool = False  # no port given (flags, MASTER_PORT): the run's own, drawn once (:attr:`Round.port`)

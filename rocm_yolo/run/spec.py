@@ -12,14 +12,65 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any, Callable, Mapping
 
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run.atomic import private_dirs, write_atomic
 from rocm_yolo.run.devices import Layout, Relayout, world_size
-from rocm_yolo.run.midepoch import DEFAULT_CHECKPOINT_INTERVAL
 from rocm_yolo.run.nodes import Nodes
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.run.profiles import LOADER_KEYS, LoaderSettings, resolve
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """What the DataLoader patch applies: the merged, validated result for one run."""
+
+    workers: int
+    val_workers: int | None  # None: leave Ultralytics' 2 x workers
+    persistent_workers: bool
+    prefetch_factor: int | None
+    pin_memory: bool | None
+    timeout: float
+    start_method: str = (
+        "forkserver"  # a fork server with torch and Ultralytics preloaded (rocm_yolo.trainer.forkserver.server)
+    )
+    threads: int = 0  # with workers=0: loader threads in the trainer process (profile threads); 0: the main thread
+
+    @classmethod
+    def user_keys(cls) -> frozenset[str]:
+        """The settings a user gives as KEY=VALUE (:data:`rocm_yolo.policy.profiles.LOADER_SETTINGS` reads each): all
+        but the workers, an option of their own."""
+        return frozenset(f.name for f in fields(cls)) - {"workers"}
+
+    @property
+    def fork_server(self) -> bool:
+        """Whether the loaders' workers come from the preloaded fork server."""
+        return bool(self.workers) and self.start_method == "forkserver"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "LoaderSettings":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})  # a key an older rocm-yolo wrote is dropped
+
+    def describe(self, workers: int | None = None) -> str:
+        """One line: what a loader with ``workers`` workers really uses."""
+        workers = self.workers if workers is None else workers
+        if workers == 0 and self.threads:
+            return (
+                f"workers=0 threads={self.threads} (in the trainer process) prefetch={self.prefetch_factor} "
+                f"pin_memory={'auto' if self.pin_memory is None else str(self.pin_memory).lower()} "
+                f"timeout={self.timeout:g}"
+            )
+        if workers == 0:
+            return "workers=0 (in the main process)"
+        pin = "auto" if self.pin_memory is None else str(self.pin_memory).lower()
+        return (
+            f"workers={workers} start={self.start_method} persistent={str(self.persistent_workers).lower()} "
+            f"prefetch={self.prefetch_factor} pin_memory={pin} timeout={self.timeout:g}"
+        )
 
 
 @dataclass(frozen=True)
@@ -34,8 +85,9 @@ class RunSpec:
     user_keys: tuple[str, ...] = ()  # keys the user set explicitly (presets never override them)
     env: dict = field(default_factory=dict)  # environment the profile sets (user's own variables win)
     resume: str | None = None  # checkpoint to resume from
+    # a spec made or read without these (by hand, by an older rocm-yolo) holds their options' defaults (TrainRequest)
     conv: str = "auto"
-    checkpoint_every: str = DEFAULT_CHECKPOINT_INTERVAL  # mid-epoch checkpoints: Ns, Nm, Nh, Nba or 0 (run.midepoch)
+    checkpoint_every: str = "10m"  # mid-epoch checkpoints: Ns, Nm, Nh, Nba or 0 (run.midepoch_state)
     attempt: int = 1
     workers_requested: int | None = None  # what the user asked for, before a profile's cap or divisor
     notes: tuple[str, ...] = ()  # lines for the header (e.g. warnings from resolving the profile)
@@ -70,6 +122,25 @@ class RunSpec:
 
     def with_changes(self, **changes) -> "RunSpec":
         return replace(self, **changes)
+
+    def with_profile(self, profile: str, resolve: Resolve, say: Callable[[str], object] | None = None) -> "RunSpec":
+        """This spec on ``profile``, what the user set carried over (:func:`carry_over`, with ``resolve``: the
+        profiles' policy); the same spec when it is on ``profile`` already (the last rung repeats: the user's overrides
+        included). ``say`` hears the line that names the user's settings ``profile`` cannot take, if any."""
+        if profile == self.profile:
+            return self
+        carried = carry_over(self, profile, resolve)
+        if carried.dropped and say is not None:
+            say(carried.note(profile))
+        resolved = resolve(profile, carried.workers, carried.loader, val=carried.val)
+        return replace(
+            self,
+            profile=profile,
+            loader=resolved.loader,
+            val=resolved.val,
+            env=resolved.env,
+            user_keys=carried.user_keys,
+        )
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -136,9 +207,15 @@ class CarriedSettings:
         return f"profile '{profile}' cannot take {', '.join(f'{k}=' for k in self.dropped)}: dropped"
 
 
-def carry_over(previous: RunSpec, profile: str) -> CarriedSettings:
+# How a profile's settings are resolved (:func:`rocm_yolo.policy.profiles.resolve`, the policy, given by the caller):
+# ``resolve(profile, workers, loader_settings, val=...)``, a ``Resolved`` with ``loader``, ``val`` and ``env``, or a
+# UsageError for a setting the profile cannot take.
+Resolve = Callable[..., Any]
+
+
+def carry_over(previous: RunSpec, profile: str, resolve: Resolve) -> CarriedSettings:
     """The one rule of what carries from an attempt to the next on ``profile``: a watchdog restart down the
-    ladder and a user's ``--resume`` both follow it.
+    ladder and a user's ``--resume`` both follow it (``resolve``: the profiles' policy).
 
     Everything the user set carries over, as the user set it (what the user passes wins over a
     profile's defaults): the workers asked for (the next profile cuts them as it does, from the
@@ -149,7 +226,7 @@ def carry_over(previous: RunSpec, profile: str) -> CarriedSettings:
     workers = previous.loader.workers if previous.workers_requested is None else previous.workers_requested
     kept: dict = {}
     dropped = []
-    for key in sorted(LOADER_KEYS & set(previous.user_keys)):
+    for key in sorted(LoaderSettings.user_keys() & set(previous.user_keys)):
         value = getattr(previous.loader, key)
         try:
             resolve(profile, workers, {**kept, key: value})

@@ -3,7 +3,8 @@
 The supervisor writes a :class:`SupervisorState` (atomically) at every change of attempt,
 state or recovery; ``rocm-yolo status`` and a resumed run's supervisor read it back. A reader
 gets ``None`` for a file that is missing, unreadable or badly typed, never an exception.
-:class:`State` is the vocabulary of a run's states (its transitions: :mod:`rocm_yolo.supervisor.states`).
+:class:`RunState` is the vocabulary of a run's states, the file's ``state`` (an attempt's states, and how they end
+the run: :mod:`rocm_yolo.supervisor.states`).
 """
 
 from __future__ import annotations
@@ -18,16 +19,10 @@ from rocm_yolo.run.atomic import private_dirs, write_atomic
 from rocm_yolo.run.paths import RunPaths
 
 
-class State(str, Enum):
-    # an attempt
-    STARTING = "starting"  # child started, no training batch yet
-    HEALTHY = "healthy"  # heartbeat progressing
-    SUCCEEDED = "succeeded"  # exit 0
-    STALLED = "stalled"  # no progress for the stall timeout
-    CRASHED = "crashed"  # exited with an error during training
-    ALREADY_FINISHED = "already_finished"  # the checkpoint's run has trained all its epochs
-    REGROUP = "regroup"  # several machines: the nodes meet again in a later round (a node joins, or one is lost)
-    # the run (and an attempt that ends it)
+class RunState(str, Enum):
+    """A run's state, as ``supervisor.json`` and :class:`~rocm_yolo.supervisor.states.RunResult` hold it: running,
+    then how it ended."""
+
     RUNNING = "running"
     FINISHED = "finished"  # every epoch trained
     FAILED = "failed"  # no restarts left
@@ -148,7 +143,7 @@ class SupervisorState:
     """The run as its supervisor knows it: the one record its loop changes, ``supervisor.json`` holds and, with the
     exit code, :class:`rocm_yolo.supervisor.states.RunResult` returns."""
 
-    state: State = State.RUNNING
+    state: RunState = RunState.RUNNING
     supervisor_pid: int = 0
     child_pid: int | None = None
     attempt: int = 1  # counted on across resumes
@@ -173,7 +168,7 @@ class SupervisorState:
 
     @property
     def running(self) -> bool:
-        return self.state == State.RUNNING
+        return self.state == RunState.RUNNING
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -186,7 +181,7 @@ class SupervisorState:
         if not isinstance(data, dict):
             return None
         try:
-            state = State(data.get("state"))
+            state = RunState(data.get("state"))
         except ValueError:
             return None
         if not all(name in data for name in ("started", "updated", *SupervisorState.REQUIRED)):

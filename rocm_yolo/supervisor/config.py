@@ -1,34 +1,69 @@
 """``WatchdogConfig``: every watchdog setting and its default, defined once.
 
-The CLI's flags, the Python API's arguments and the supervisor all read their defaults here,
-and the values they give are checked here: a stall timeout of ``nan`` would switch the
-watchdog off without a word (every comparison with it is false).
+The supervisor reads its settings here, and so do the options that give them: each setting a user gives (``rocm-yolo
+train``'s watchdog options, ``rocm_yolo.train``'s keywords) is declared once, with its help and the least a user may
+give (:meth:`WatchdogConfig.help`, :meth:`WatchdogConfig.minimum`), and
+:class:`~rocm_yolo.request.train_request.TrainRequest` takes them from here. The values given are checked here: a
+stall timeout of ``nan`` would switch the watchdog off without a word (every comparison with it is false).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
+from rocm_yolo import environment
 from rocm_yolo.errors import UsageError, option
-from rocm_yolo.run.profiles import DEFAULT_LADDER
+from rocm_yolo.gpu.release import DEFAULT_TIMEOUT as RELEASE_TIMEOUT
+from rocm_yolo.policy.profiles import DEFAULT_LADDER
 from rocm_yolo.run.supervisor_state import WatchdogSettings
+
+
+def _setting(help: str, *, minimum: float | None = None) -> dict:
+    """A setting a user gives: its help (``{default}`` and ``{minimum}`` are filled in from the declaration), and the
+    least a user may give (an epoch's end, a save or a validation's start pass seconds without a heartbeat)."""
+    return {"help": help, "minimum": minimum}
 
 
 @dataclass(frozen=True)
 class WatchdogConfig:
     enabled: bool = True
-    stall_timeout: float = 180.0  # floor, seconds
+    stall_timeout: float = field(  # floor, seconds
+        default=180.0,
+        metadata=_setting(
+            "a hang is no progress for this long at least (default: {default:g}, at least {minimum:g}; grows with "
+            "slow steps)",
+            minimum=10.0,  # with 1 s the final validation was called a hang
+        ),
+    )
     step_multiplier: float = 10.0  # timeout is at least this many slowest recent steps
-    startup_grace: float = 900.0  # before the first training batch of an attempt (scan, cache, kernel tuning)
+    startup_grace: float = field(  # before the first training batch of an attempt (scan, cache, kernel tuning)
+        default=900.0,
+        metadata=_setting(
+            "allowance before the first training batch of each attempt (default: {default:g}, at least {minimum:g})",
+            minimum=10.0,
+        ),
+    )
     restart_startup_factor: float = 3.0  # a restart's allowance: this many times the run's own first start-up
-    max_restarts: int = 3
-    ladder: tuple[str, ...] = DEFAULT_LADDER
+    max_restarts: int = field(default=3, metadata=_setting("restarts after a hang or crash (default: {default})"))
+    ladder: tuple[str, ...] = field(
+        default=DEFAULT_LADDER,
+        metadata=_setting(
+            "profiles to step through on each restart after a loader hang or a dead worker (other causes have their "
+            "own remedy) (default: {default})"
+        ),
+    )
     poll_interval: float = 0.5
     term_timeout: float = 8.0
     kill_timeout: float = 4.0
-    gpu_release_timeout: float = 50.0  # after a GPU fault or hang: wait this long at most for the GPU (as NVRx)
-    notify: str | None = None  # a shell command run for each event of the run, the event as JSON on its stdin
+    gpu_release_timeout: float = RELEASE_TIMEOUT  # after a GPU fault or hang: wait this long at most for the GPU
+    notify: str | None = field(  # a shell command run for each event of the run, the event as JSON on its stdin
+        default=None,
+        metadata=_setting(
+            "run CMD through the shell at each event of the run (started, hang, crash, restart, finished, failed, "
+            f"stopped), one JSON object on its stdin (default: ${environment.NOTIFY}); bounded, never delays training"
+        ),
+    )
     notify_timeout: float = 30.0  # a notify command still running after this is killed
     notify_grace: float = 5.0  # the run's last event: this long to be delivered before the command is killed
     kernel_log: str | None = None  # a file read as the kernel log instead of the system's (tests set it)
@@ -48,6 +83,22 @@ class WatchdogConfig:
     def settings(self) -> WatchdogSettings:
         """What supervisor.json records of these settings (``status`` judges a stall as this watchdog would)."""
         return WatchdogSettings(self.enabled, self.stall_timeout, self.step_multiplier, self.startup_grace)
+
+    @classmethod
+    def help(cls, name: str) -> str:
+        """The help of setting ``name``, its default and minimum filled in from its declaration."""
+        declared = _declared(name)
+        default = ",".join(declared.default) if isinstance(declared.default, tuple) else declared.default
+        return declared.metadata["help"].format(default=default, minimum=declared.metadata["minimum"])
+
+    @classmethod
+    def minimum(cls, name: str) -> float | None:
+        """The least a user may give setting ``name`` (None: any value the setting takes)."""
+        return _declared(name).metadata.get("minimum")
+
+
+def _declared(name: str):
+    return next(f for f in fields(WatchdogConfig) if f.name == name)
 
 
 DEFAULTS = WatchdogConfig()

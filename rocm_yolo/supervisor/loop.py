@@ -7,7 +7,9 @@ apply the remedy for its class (:mod:`rocm_yolo.diagnosis.remedies`): resume the
 profile of the fallback ladder, on the same profile once the GPU is released, with RCCL's
 peer-to-peer off, or stop with a verdict. Each event reaches the terminal, ``events.jsonl``,
 the notify command and ``metrics.prom`` (:mod:`.reporting`). The states and their transitions
-are in :mod:`.states`.
+are in :mod:`.states`; what the loop asks of its neighbours: one attempt watched (:mod:`.watch`), a failure
+diagnosed, recorded and said (:mod:`.postmortem`), the next attempt's spec (:mod:`.restart`), the time hangs cost
+(:mod:`.recovery`), and on several machines the other nodes (:mod:`.peers`).
 
 Policy only: the process machinery sits behind the child factory (:class:`.trainer_process.TrainerProcess`, a
 :class:`.trainer_process.Child`),
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from typing import Callable
 
 from rocm_yolo import errors, triage
@@ -27,28 +28,27 @@ from rocm_yolo.diagnosis import remedies
 from rocm_yolo.diagnosis.classes import COLLECTIVE, GPU_CLASSES, LADDER, P2P_OFF
 from rocm_yolo.diagnosis.evidence import Machine
 from rocm_yolo.gpu.release import Release, wait_released
-from rocm_yolo.run.events import RunLog
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.heartbeat import Heartbeat
-from rocm_yolo.run.nodes import SayAlive
 from rocm_yolo.run.spec import RunSpec
-from rocm_yolo.run.supervisor_state import Failure, Recovery, State, Still, read_state, write_state
-from rocm_yolo.supervisor import restart
+from rocm_yolo.run.supervisor_state import Failure, RunState, Still, read_state, write_state
+from rocm_yolo.supervisor import peers, restart
 from rocm_yolo.supervisor.config import WatchdogConfig
-from rocm_yolo.supervisor.failed import diagnose_end, hang_of
-from rocm_yolo.supervisor.recovery import RecoveryTracker
-from rocm_yolo.supervisor.reporting import Reporter
+from rocm_yolo.supervisor.postmortem import diagnose_end, hang_of
+from rocm_yolo.supervisor.recovery import Recoveries
+from rocm_yolo.supervisor.reporting import Reporter, where
 from rocm_yolo.supervisor.restart import (
     after_stop,
     environment_error,
-    last_loadable,
     next_spec,
-    resume_command,
+    restart_line,
+    say_what_is_kept,
     tidy_finished,
     trained_all,
 )
 from rocm_yolo.supervisor.signals import Signals
 from rocm_yolo.supervisor.stall import Startup
-from rocm_yolo.supervisor.states import RUN_EXIT, RunResult
+from rocm_yolo.supervisor.states import RUN_EXIT, AttemptState, RunResult
 from rocm_yolo.supervisor.trainer_process import Child, TrainerProcess
 from rocm_yolo.supervisor.watch import AttemptEnd, Watch
 
@@ -91,9 +91,8 @@ class Supervisor:
             **({k: getattr(previous, k) for k in HISTORY} if previous else {}),
         )
         self.own_failures = len(self.result.failures)  # this run's failures follow a resumed run's earlier ones
-        self._recovering_since: float | None = None
         self._state_error = False
-        self.work = RecoveryTracker()
+        self.recoveries = Recoveries(self.result)  # the time hangs cost, and each recovery
         self.reporter = Reporter(spec.paths, config, self.log, clock)
         self.machine = machine  # read before the first attempt: the VRAM in use without this run
         self.gpu_wait = gpu_wait or self._wait_released
@@ -102,7 +101,7 @@ class Supervisor:
         self._failed_pids: list[int] = []
         self.startup = Startup()  # the run's own start-up, measured: a restart's allowance
         self.hb: Heartbeat | None = None  # the newest heartbeat heard when an attempt ended: where the run is
-        self.gone: set[int] = set()  # several machines: the other nodes known gone (no failure of theirs twice)
+        self.peers = peers.Peers(spec, clock, sleep)  # several machines: the other nodes (none on one)
 
     @property
     def failures(self) -> list[Failure]:
@@ -120,12 +119,11 @@ class Supervisor:
 
     # the loop ------------------------------------------------------------------------------
     def run(self) -> RunResult:
-        alive = SayAlive(self.spec.paths).start() if self.spec.nodes is not None else None  # the other nodes see it
+        self.peers.start()  # several machines: the other nodes see this one alive
         try:
             return self._run()
         finally:
-            if alive is not None:
-                alive.stop()
+            self.peers.stop()
             self.reporter.close()  # the last event gets a few seconds; no notify command outlives the run
 
     def _run(self) -> RunResult:
@@ -137,13 +135,13 @@ class Supervisor:
             if self.interrupted is not None:  # a signal during the previous kill: start nothing new
                 return self._interrupted(spec)
             outcome, info = self._attempt(spec)
-            if outcome == State.REGROUP:  # several machines: the nodes meet again in a later round
-                spec = restart.next_round(spec, self.log)
+            if outcome == AttemptState.REGROUP:  # several machines: the nodes meet again in a later round
+                spec = peers.next_round(spec, self.log)
                 continue
-            stopped = restart.other_node_stopped(spec, outcome, self.log)  # several machines: a node stopped for good
+            stopped = peers.other_node_stopped(spec, outcome, self.log)  # several machines: a node stopped for good
             if stopped is not None:
                 self.result.detail = stopped.describe(spec.nodes.count)
-                return self._finish(State.FAILED, spec, stopped.exit_code)
+                return self._finish(RunState.FAILED, spec, stopped.exit_code)
             ended = self._ended(outcome, spec)
             if ended is not None:
                 return ended
@@ -151,32 +149,32 @@ class Supervisor:
                 return self._stop(spec)
             if restarts_left <= 0:
                 self.log.event("give_up", f"{info}; no restarts left (--max-restarts {self.config.max_restarts})")
-                return self._finish(State.FAILED, spec)
+                return self._finish(RunState.FAILED, spec)
             restarts_left -= 1
             spec = self._restart(spec, restarts_left)
             if spec.resume and trained_all(spec, spec.resume):  # e.g. a crash in the end of training's rewrite
                 self.log.info("the checkpoint shows the run finished all its epochs")
                 self.result.detail = tidy_finished(spec, self.log, cut_short=True)  # what of its end did not happen
-                return self._finish(State.FINISHED, spec)
+                return self._finish(RunState.FINISHED, spec)
 
-    def _attempt(self, spec: RunSpec) -> tuple[State, str]:
+    def _attempt(self, spec: RunSpec) -> tuple[AttemptState, str]:
         """Start one child and watch it to its end: (how the attempt ended, what to say if it failed)."""
         began = time.time()  # the kernel log's lines from here on are this attempt's
         try:
             child = self.child_factory(spec, self.config)
         except OSError as e:  # the spec could not be written (disk full, read-only) or no process
             self._cannot_start(e)
-            return State.SETUP_FAILED, ""
-        self._write_state(State.RUNNING, spec, child_pid=child.pid)
+            return AttemptState.SETUP_FAILED, ""
+        self._write_state(RunState.RUNNING, spec, child_pid=child.pid)
         if spec is self.spec:
             self.reporter.event("started", None, attempt=spec.attempt, profile=spec.profile, say=False, pid=child.pid)
         pids: list[int] = []
         try:
             end = self._watch(child, spec)
             self._heard(end.hb)
-            if end.state in (State.STALLED, State.CRASHED):
+            if end.state in (AttemptState.STALLED, AttemptState.CRASHED):
                 pids = child.pids()  # before the kill: the KFD lists them until the GPU lets them go
-            if end.state == State.STALLED:
+            if end.state == AttemptState.STALLED:
                 self._hung(end, child)
         finally:
             left = child.kill()  # the tree goes on every path: done, stalled, crashed, interrupted
@@ -186,42 +184,38 @@ class Supervisor:
                 )
             restart.remove_cut_writes(spec, self.log)  # no file of a checkpoint write the end of the tree cut short
             restart.remove_leftovers(spec)  # the dead processes' stack files, a killed trainer's /tmp/pymp-*
-        if end.state in (State.STALLED, State.CRASHED) and self._failed_for_others(spec):
-            return State.REGROUP, end.info  # another node is gone: no failure of this node's to diagnose
-        if end.state in (State.STALLED, State.CRASHED):
+        if end.state in (AttemptState.STALLED, AttemptState.CRASHED) and self.peers.lost(spec, self.log):
+            return AttemptState.REGROUP, end.info  # another node is gone: no failure of this node's to diagnose
+        if end.state in (AttemptState.STALLED, AttemptState.CRASHED):
             failure = self._diagnose(child, spec, end, pids, began)
-            if failure is None:
-                return State.REGROUP, end.info
-            cut = self.work.failed(end.state == State.STALLED and "hang" or "crash", end.at, end.stalled, failure.cls)
-            self._retrained(cut)
+            if failure is None:  # several machines: another node restarted first, and this one follows it
+                return AttemptState.REGROUP, end.info
+            cause = "hang" if end.state == AttemptState.STALLED else "crash"
+            self.recoveries.failed(cause, end.at, end.stalled, failure.cls)
         return end.state, end.info
 
-    def _failed_for_others(self, spec: RunSpec) -> bool:
-        """Several machines: the attempt failed for another node's sake (it restarted first, or it is gone)."""
-        return restart.failed_for_others(spec, self.clock, self.sleep, self.log, self.gone)
-
-    def _ended(self, outcome: State, spec: RunSpec) -> RunResult | None:
+    def _ended(self, outcome: AttemptState, spec: RunSpec) -> RunResult | None:
         """The run's result when ``outcome`` ends the run; None when it calls for a restart."""
-        if outcome == State.SUCCEEDED:
+        if outcome == AttemptState.SUCCEEDED:
             tidy_finished(spec, self.log)
-            return self._finish(State.FINISHED, spec)
-        if outcome == State.INTERRUPTED:
+            return self._finish(RunState.FINISHED, spec)
+        if outcome == AttemptState.INTERRUPTED:
             return self._interrupted(spec)
-        if outcome in (State.USAGE_ERROR, State.INTERNAL_ERROR):
-            return self._finish(outcome, spec)
-        if outcome == State.FAILED:  # more than one machine: a node did not come back (the child's line names it)
+        if outcome in (AttemptState.USAGE_ERROR, AttemptState.INTERNAL_ERROR):
+            return self._finish(outcome.run_end, spec)
+        if outcome == AttemptState.FAILED:  # several machines: a node did not come back (the child's line names it)
             self.result.detail = "a node did not come to the rendezvous"
-            return self._finish(State.FAILED, spec)
-        if outcome == State.SETUP_FAILED:
-            self._say_what_is_kept(spec)
+            return self._finish(RunState.FAILED, spec)
+        if outcome == AttemptState.SETUP_FAILED:
+            say_what_is_kept(spec, self.log)
             self.result.detail = environment_error(spec)  # status says why (a full disk mid-training, say)
-            return self._finish(State.SETUP_FAILED, spec)
-        if outcome == State.ALREADY_FINISHED:
+            return self._finish(RunState.SETUP_FAILED, spec)
+        if outcome == AttemptState.ALREADY_FINISHED:
             if self.user_resume and spec is self.spec:
-                return self._finish(State.USAGE_ERROR, spec)
+                return self._finish(RunState.USAGE_ERROR, spec)
             self.log.info("the checkpoint shows the run finished all its epochs")
             tidy_finished(spec, self.log)
-            return self._finish(State.FINISHED, spec)
+            return self._finish(RunState.FINISHED, spec)
         return None
 
     def _restart(self, spec: RunSpec, restarts_left: int) -> RunSpec:
@@ -234,23 +228,15 @@ class Supervisor:
         if self.remedy_env:
             spec = spec.with_changes(env={**spec.env, **self.remedy_env})
         self.result.restarts += 1
-        pending = self.work.pending  # what the new attempt recovers from (its child tags the tracker run with it)
-        how = f"with profile '{spec.profile}'"
-        if action != LADDER and failure is not None:
-            how = f"on the same profile '{spec.profile}' ({failure.cls}: the loader is not the cause)"
-        if action == P2P_OFF:
-            how = f"on the same profile '{spec.profile}' {self.decision.reason}"
-        elif action == LADDER and self.decision is not None and self.decision.reason:
-            how += f" ({self.decision.reason})"  # host memory: what takes it
+        pending = self.recoveries.pending  # what the new attempt recovers from (its child tags the tracker run with it)
+        line = restart_line(spec, action, self.decision, failure, self.config.max_restarts, restarts_left)
         self.reporter.event(
             "restart",
-            f"restart {self.config.max_restarts - restarts_left}/{self.config.max_restarts} {how}"
-            + (f" from {spec.resume}" if spec.resume else " from the start (no checkpoint yet)")
-            + f" ({restarts_left} left)",
+            line,
             attempt=spec.attempt,
             profile=spec.profile,
             cls=failure.cls if failure else None,
-            **self._where(failure),  # where the failed attempt was last heard
+            **where(failure, self.hb),  # where the failed attempt was last heard
             resume=spec.resume,
             remedy=action,
             cause=pending.cause if pending else None,
@@ -265,23 +251,15 @@ class Supervisor:
         )
         self._state_error = triage.is_disk_error(error)  # the line above says it: no second one about supervisor.json
 
-    def _say_what_is_kept(self, spec: RunSpec) -> None:
-        """After an environment error: which checkpoint a later resume will start from."""
-        kept = last_loadable(spec)
-        if kept is not None:
-            self.log.info(
-                f"the last loadable checkpoint is {kept}: once that is fixed, continue with {resume_command(spec)}"
-            )
-
     def _watch(self, child: Child, spec: RunSpec) -> AttemptEnd:
         def progress(hb: Heartbeat, now: float, first: bool) -> None:
-            self._retrained(self.work.observe(hb))
-            if first:
-                self._note_recovered(now, spec, child.pid, hb)
+            self.recoveries.progress(hb)
+            if first and self.recoveries.resumed(now, spec, hb, self.log):
+                self._write_state(RunState.RUNNING, spec, child_pid=child.pid)
 
         def still(pids: list[int], since: float | None, stopped: bool) -> None:  # status says it
             self.result.still = Still(since, stopped, pids or None) if since is not None else None
-            self._write_state(State.RUNNING, spec, child_pid=child.pid)
+            self._write_state(RunState.RUNNING, spec, child_pid=child.pid)
 
         return Watch(
             child,
@@ -302,27 +280,17 @@ class Supervisor:
         if hb is not None:
             self.hb = self.reporter.hb = hb
 
-    def _where(self, failure: Failure | None = None) -> dict:
-        """Where the run was last heard, for an event: the failure's place, else the newest heartbeat's (none before
-        the first epoch)."""
-        if failure is not None:
-            return {"epoch": failure.epoch, "batch": failure.batch, "phase": failure.phase}
-        hb = self.hb
-        return {"epoch": hb.epoch, "batch": hb.batch, "phase": hb.phase} if hb is not None and hb.epoch > 0 else {}
-
     def _hung(self, end: AttemptEnd, child: Child) -> None:
         """A hang, noticed and its stacks written: record it, say the tree goes."""
         self.result.hangs.append(hang_of(end))
-        self.result.lost_seconds += end.stalled
-        self._recovering_since = end.at
+        self.recoveries.hung(end.stalled, end.at)
         self.log.event("kill", f"stopping the training process tree (pid {child.pid})", pid=child.pid)
 
     # the cause, and its remedy --------------------------------------------------------------
     def _diagnose(self, child: Child, spec: RunSpec, end: AttemptEnd, pids: list[int], began: float) -> Failure | None:
-        """What the failure was (:mod:`.failed`), and what to do about it (``self.decision``); recorded and said.
+        """What the failure was (:mod:`.postmortem`), and what to do about it (``self.decision``); recorded and said.
         None: on several machines, a collective failure of this node's ranks whose cause another node restarted for
-        first (this node follows it)."""
-        hang = end.state == State.STALLED
+        first (this node follows it, :func:`.peers.follows_another`)."""
         self._failed_pids = sorted(set(pids) | {child.pid})
         found = diagnose_end(
             spec,
@@ -334,31 +302,12 @@ class Supervisor:
             kernel_log=self.config.kernel_log,
             earlier=self.failures,
         )
-        if found.diagnosis.cls == COLLECTIVE and restart.follows_another(spec, self.clock, self.sleep, self.log):
+        if found.diagnosis.cls == COLLECTIVE and self.peers.follows(spec, self.log):
             return None
-        failure, diagnosis = found.failure, found.diagnosis
-        details = f"; details in {found.report}" if found.report else ""
         self.decision = found.decision
-        self.result.failures.append(failure)
-        if hang and self.result.hangs:
-            self.result.hangs[-1].cls, self.result.hangs[-1].signature = diagnosis.cls, diagnosis.signature
-        self.reporter.event(
-            failure.kind,
-            f"{diagnosis.title} at {found.where} (attempt {spec.attempt}){details}",
-            attempt=spec.attempt,
-            profile=spec.profile,
-            detected=failure.detected,  # its "time" is when it is said: events.jsonl stays in time order
-            epoch=failure.epoch,
-            batch=failure.batch,
-            cls=diagnosis.cls,
-            exit_code=end.exit_code,
-            phase=failure.phase,
-            seconds=end.stalled if hang else None,
-            code=end.exit_code,
-            signature=diagnosis.signature,
-            weak=diagnosis.weak,
-        )
-        return failure
+        found.record(self.result)
+        found.say(self.reporter, spec, end)
+        return found.failure
 
     def _wait_for_gpu(self) -> None:
         """After a GPU fault, a GPU hang or a hung collective: restart only once the GPU let the killed attempt go
@@ -389,44 +338,18 @@ class Supervisor:
         for line in decision.verdict:
             self.log.info(line)
         self.result.verdict = [decision.reason, *decision.verdict]
-        self._say_what_is_kept(spec)
-        return self._finish(State.FAILED, spec, decision.exit_code)
-
-    def _note_recovered(self, now: float, spec: RunSpec, child_pid: int, hb: Heartbeat) -> None:
-        since = self._recovering_since
-        if since is not None:
-            self.result.lost_seconds += now - since
-            self._recovering_since = None
-        record = self.work.resumed(hb, spec.attempt, Path(spec.resume).name if spec.resume else None, now)
-        if record is not None:
-            self.result.recoveries.append(record)
-            if record.retrained_batches is not None:
-                at = record.resumed_at
-                self.log.event(
-                    "retraining",
-                    f"attempt {spec.attempt} resumed at epoch {at[0]}, batch {at[1]:,}: "
-                    f"{record.retrained_batches:,} batch(es) to train again",
-                    attempt=spec.attempt,
-                    batches=record.retrained_batches,
-                )
-            self._retrained(None if record.retrained_batches and self.work.retraining else record)
-        if since is not None or record is not None:
-            self._write_state(State.RUNNING, spec, child_pid=child_pid)
-
-    def _retrained(self, record: Recovery | None) -> None:
-        """A restart's retraining is over: a hang's time lost includes it."""
-        if record is not None and record.cause == "hang":
-            self.result.lost_seconds += record.retrain_seconds or 0.0
+        say_what_is_kept(spec, self.log)
+        return self._finish(RunState.FAILED, spec, decision.exit_code)
 
     # results -------------------------------------------------------------------------------
-    def _finish(self, state: State, spec: RunSpec, code: int | None = None) -> RunResult:
+    def _finish(self, state: RunState, spec: RunSpec, code: int | None = None) -> RunResult:
         self.result.state = state
         self.result.exit_code = RUN_EXIT[state] if code is None else code
         self.result.wall_seconds = time.time() - self.result.started
         self.result.suspended_seconds = self.signals.suspended_seconds
-        restart.tell_other_nodes(spec, self.result, self.log)  # several machines: a node that stops for good says so
+        peers.tell_other_nodes(spec, self.result, self.log)  # several machines: a node that stops for good says so
         self._write_state(state, spec)
-        kind = {State.FINISHED: "finished", State.INTERRUPTED: "stopped"}.get(state, "failed")
+        kind = {RunState.FINISHED: "finished", RunState.INTERRUPTED: "stopped"}.get(state, "failed")
         last = self.failures[-1] if self.failures and kind == "failed" else None
         reason = self.result.verdict[0] if self.result.verdict else None
         self.reporter.event(
@@ -437,7 +360,7 @@ class Supervisor:
             say=False,
             exit_code=self.result.exit_code,
             cls=last.cls if last else None,
-            **self._where(last),
+            **where(last, self.hb),
         )
         return self.result
 
@@ -447,10 +370,10 @@ class Supervisor:
         done = after_stop(spec, self.log)  # a stop in the end of training: the run is done
         if done is not None:
             self.result.detail = done
-            return self._finish(State.FINISHED, spec, code)
-        return self._finish(State.INTERRUPTED, spec, code)
+            return self._finish(RunState.FINISHED, spec, code)
+        return self._finish(RunState.INTERRUPTED, spec, code)
 
-    def _write_state(self, state: State, spec: RunSpec, child_pid: int | None = None) -> None:
+    def _write_state(self, state: RunState, spec: RunSpec, child_pid: int | None = None) -> None:
         record = self.result
         record.state, record.child_pid, record.attempt, record.profile = state, child_pid, spec.attempt, spec.profile
         record.updated = time.time()

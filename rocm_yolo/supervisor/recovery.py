@@ -12,14 +12,20 @@ Positions are ``[epoch, batches done in it]`` (1-based epoch), as of the last he
 most a second old). ``retrain_seconds`` is measured by the trainer's own clock (the heartbeats'
 ``time``): from the new attempt's first batch until it is back where the old one stopped, so it
 does not depend on how often the supervisor reads them. Knows nothing about processes; no torch.
+
+:class:`Recoveries` keeps what it finds in the run's record (``supervisor.json``'s ``recoveries`` and
+``lost_seconds``: the time hangs cost, from their notice to the next attempt back where the hung one was).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.heartbeat import Heartbeat
-from rocm_yolo.run.supervisor_state import Recovery
+from rocm_yolo.run.spec import RunSpec
+from rocm_yolo.run.supervisor_state import Recovery, SupervisorState
 
 
 @dataclass
@@ -104,3 +110,58 @@ class RecoveryTracker:
                 record.retrain_seconds = round(retrained / hb.it_s, 1)
         self.records.append(record)
         return record
+
+
+class Recoveries:
+    """The run's recoveries and the time its hangs cost, kept in its record (``result``), from the failed attempts
+    and the heartbeats after them (a :class:`RecoveryTracker`)."""
+
+    def __init__(self, result: SupervisorState):
+        self.result = result
+        self.work = RecoveryTracker()
+        self._since: float | None = None  # a hang's notice (the loop's clock), until the next attempt is heard
+
+    @property
+    def pending(self) -> _Failure | None:
+        """The failed attempt the next one recovers from (its child tags the tracker run with it), if any."""
+        return self.work.pending
+
+    def hung(self, stalled: float, at: float) -> None:
+        """A hang noticed at ``at`` after ``stalled`` seconds without progress: both count, and so does the time until
+        the next attempt is heard."""
+        self.result.lost_seconds += stalled
+        self._since = at
+
+    def failed(self, cause: str, at: float, stalled: float, cls: str | None) -> None:
+        """An attempt stalled or crashed (``cause``: hang or crash; ``cls``: its class)."""
+        self._retrained(self.work.failed(cause, at, stalled, cls))
+
+    def progress(self, hb: Heartbeat) -> None:
+        self._retrained(self.work.observe(hb))
+
+    def resumed(self, now: float, spec: RunSpec, hb: Heartbeat, log: RunLog) -> bool:
+        """The attempt of ``spec`` is heard for the first time (``hb``): the restart's time counts, its recovery is
+        recorded and what it trains again said; whether the record changed."""
+        since = self._since
+        if since is not None:
+            self.result.lost_seconds += now - since
+            self._since = None
+        record = self.work.resumed(hb, spec.attempt, Path(spec.resume).name if spec.resume else None, now)
+        if record is not None:
+            self.result.recoveries.append(record)
+            if record.retrained_batches is not None:
+                at = record.resumed_at
+                log.event(
+                    "retraining",
+                    f"attempt {spec.attempt} resumed at epoch {at[0]}, batch {at[1]:,}: "
+                    f"{record.retrained_batches:,} batch(es) to train again",
+                    attempt=spec.attempt,
+                    batches=record.retrained_batches,
+                )
+            self._retrained(None if record.retrained_batches and self.work.retraining else record)
+        return since is not None or record is not None
+
+    def _retrained(self, record: Recovery | None) -> None:
+        """A restart's retraining is over: a hang's time lost includes it."""
+        if record is not None and record.cause == "hang":
+            self.result.lost_seconds += record.retrain_seconds or 0.0

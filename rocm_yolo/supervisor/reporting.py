@@ -28,16 +28,25 @@ from pathlib import Path
 
 from rocm_yolo.diagnosis.classes import NAMES as CLASSES
 from rocm_yolo.process.background import BackgroundCommands
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.atomic import write_atomic
-from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.paths import RunPaths
+from rocm_yolo.run.supervisor_state import Failure
 from rocm_yolo.supervisor.config import WatchdogConfig
 
 EVENTS = ("started", "hang", "crash", "restart", "finished", "failed", "stopped")
 WHERE = ("epoch", "batch", "phase")  # where the run was last heard, in an event
 STATES = ("running", "finished", "failed", "stopped")  # the run's state in metrics.prom
 METRICS_EVERY = 5.0  # seconds between two writes of metrics.prom while nothing happens
+
+
+def where(failure: Failure | None, hb: Heartbeat | None) -> dict:
+    """Where the run was last heard, for an event (:data:`WHERE`): the failure's place, else the newest heartbeat's
+    (none before the first epoch)."""
+    if failure is not None:
+        return {"epoch": failure.epoch, "batch": failure.batch, "phase": failure.phase}
+    return {"epoch": hb.epoch, "batch": hb.batch, "phase": hb.phase} if hb is not None and hb.epoch > 0 else {}
 
 
 class Reporter:

@@ -6,8 +6,8 @@
 - A finished run says what of its end did not happen: a crash or a kill during the end of training leaves
   ``last.pt`` or ``best.pt`` unstripped, the final validation not run (:func:`tidy_finished`); a run stopped by a
   signal says how it goes on, or that it is done (:func:`after_stop`).
-- On more than one machine, a node that stops for good says so in the run's shared folder, and the others stop
-  with its exit code at their next restart (:func:`tell_other_nodes`, :func:`other_node_stopped`).
+- On more than one machine the next attempt joins the next round of the rendezvous (:func:`next_spec`); the other
+  nodes themselves are :mod:`.peers`'.
 """
 
 from __future__ import annotations
@@ -17,17 +17,19 @@ from dataclasses import replace
 from pathlib import Path
 from shlex import quote
 
+from rocm_yolo.diagnosis.classes import LADDER, P2P_OFF
+from rocm_yolo.diagnosis.remedies import Decision
 from rocm_yolo.environment import untrusted
 from rocm_yolo.errors import UsageError
+from rocm_yolo.policy.profiles import next_profile, resolve
 from rocm_yolo.process.lifecycle import alive
-from rocm_yolo.run import checkpoints
+from rocm_yolo.process.output import RunLog
+from rocm_yolo.run import weights
 from rocm_yolo.run.atomic import copy_atomic, temporaries
-from rocm_yolo.run.events import FROM_PYTHON, RunLog, read_events
-from rocm_yolo.run.nodes import LOST_AFTER, NodeStop, join_round, later_round, lost_nodes, record_stop, stopped_node
-from rocm_yolo.run.profiles import next_profile, resolve
-from rocm_yolo.run.spec import RunSpec, carry_over
-from rocm_yolo.run.supervisor_state import State
-from rocm_yolo.supervisor.states import RunResult
+from rocm_yolo.run.events import FROM_PYTHON, read_events
+from rocm_yolo.run.nodes import join_round
+from rocm_yolo.run.spec import RunSpec
+from rocm_yolo.run.supervisor_state import Failure
 from rocm_yolo.ultralytics_rules.checkpoint import summary
 
 
@@ -43,7 +45,7 @@ def next_spec(spec: RunSpec, ladder: tuple[str, ...], log: RunLog | None = None)
     profile = next_profile(spec.profile, ladder)
     resume = None
     try:
-        path, note = checkpoints.choose_resume_point(spec.paths.last)
+        path, note = weights.choose_resume_point(spec.paths.last)
         resume = str(path)
         if note and log is not None:
             log.info(note)
@@ -60,25 +62,7 @@ def next_spec(spec: RunSpec, ladder: tuple[str, ...], log: RunLog | None = None)
             if log is not None:
                 log.info(f"cannot read or move the round in {spec.paths.round} ({e.strerror or e}): round {number}")
         spec = spec.with_changes(nodes=replace(spec.nodes, round=number))
-    return with_profile(spec, profile, log)
-
-
-def with_profile(spec: RunSpec, profile: str, log: RunLog | None = None) -> RunSpec:
-    """``spec`` on ``profile``, what the user set carried over (:func:`~rocm_yolo.run.spec.carry_over`); the same
-    spec when it is on ``profile`` already (the last rung repeats: the user's overrides included)."""
-    if profile == spec.profile:
-        return spec
-    carried = carry_over(spec, profile)
-    if carried.dropped and log is not None:
-        log.info(carried.note(profile))
-    resolved = resolve(profile, carried.workers, carried.loader, val=carried.val)
-    return spec.with_changes(
-        profile=profile,
-        loader=resolved.loader,
-        val=resolved.val,
-        env=resolved.env,
-        user_keys=carried.user_keys,
-    )
+    return spec.with_profile(profile, resolve, say=log.info if log is not None else None)
 
 
 def tidy_finished(spec: RunSpec, log: RunLog, *, cut_short: bool = False) -> str | None:
@@ -94,10 +78,10 @@ def tidy_finished(spec: RunSpec, log: RunLog, *, cut_short: bool = False) -> str
     paths = spec.paths
     last, good = paths.last, paths.last_good
     try:
-        if not last.exists() and checkpoints.verify(good) is None:
+        if not last.exists() and weights.verify(good) is None:
             copy_atomic(good, last, durable=True)
-        if checkpoints.verify(last) is None:  # mid-epoch checkpoints of a finished run: nothing to continue
-            checkpoints.remove_mid_checkpoints(paths)
+        if weights.verify(last) is None:  # mid-epoch checkpoints of a finished run: nothing to continue
+            weights.remove_mid_checkpoints(paths)
             good.unlink(missing_ok=True)
     except OSError as e:  # housekeeping only: the weights are there either way
         log.info(f"could not tidy {paths.weights}: {e.strerror or e}")
@@ -168,10 +152,37 @@ def resume_command(spec: RunSpec) -> str:
     return f"{command} on every node (srun)"
 
 
+def restart_line(
+    spec: RunSpec, action: str, decision: Decision | None, failure: Failure | None, most: int, left: int
+) -> str:
+    """``restart 1/3 with profile 'safe' from RUN/weights/last.pt (2 left)``: the attempt of ``spec`` after a
+    ``failure``, on the profile the remedy (``action``, of ``decision``) chose, and where it starts (``most``: the
+    restarts allowed, ``left`` of them after this one)."""
+    how = f"with profile '{spec.profile}'"
+    if action != LADDER and failure is not None:
+        how = f"on the same profile '{spec.profile}' ({failure.cls}: the loader is not the cause)"
+    if action == P2P_OFF:
+        how = f"on the same profile '{spec.profile}' {decision.reason}"
+    elif action == LADDER and decision is not None and decision.reason:
+        how += f" ({decision.reason})"  # host memory: what takes it
+    return (
+        f"restart {most - left}/{most} {how}"
+        + (f" from {spec.resume}" if spec.resume else " from the start (no checkpoint yet)")
+        + f" ({left} left)"
+    )
+
+
+def say_what_is_kept(spec: RunSpec, log: RunLog) -> None:
+    """After an environment error: which checkpoint a later resume will start from."""
+    kept = last_loadable(spec)
+    if kept is not None:
+        log.info(f"the last loadable checkpoint is {kept}: once that is fixed, continue with {resume_command(spec)}")
+
+
 def last_loadable(spec: RunSpec):
     """The checkpoint a later resume will start from (the newest valid one, mid-epoch or not), or None."""
     try:
-        return checkpoints.plan_resume_point(spec.paths.last).path
+        return weights.plan_resume_point(spec.paths.last).path
     except UsageError:
         return None
 
@@ -248,143 +259,3 @@ def remove_cut_writes(spec: RunSpec, log: RunLog) -> list[str]:
         )
         cut.append(found.target)
     return cut
-
-
-# --------------------------------------------------------------------------- more than one machine
-
-FOR_GOOD = (State.USAGE_ERROR, State.SETUP_FAILED, State.INTERNAL_ERROR, State.FAILED)  # no restart of its own
-
-
-def tell_other_nodes(spec: RunSpec, result: RunResult, log: RunLog) -> None:
-    """This node's run ends for good (``result``'s state and exit code say how): on more than one machine the run's
-    shared folder says so (``round.json``), and the other nodes stop too (:func:`other_node_stopped`). A stop by a
-    signal is no such end: the others wait for the node at the rendezvous (``scancel`` stops them all)."""
-    if spec.nodes is None or result.state not in FOR_GOOD:
-        return
-    stop = NodeStop(spec.nodes.node, result.exit_code, _reason(spec, result))
-    try:
-        kept = record_stop(spec.paths, stop, spec.nodes.round, spec.profile)
-    except OSError as e:
-        log.info(
-            f"cannot tell the other nodes in {spec.paths.round} that this node stops ({e.strerror or e}): they wait "
-            f"for it at the rendezvous up to --rdzv-timeout"
-        )
-        return
-    if kept == stop:  # the node's own last line stays its reason's
-        log.event("node_stop", path=str(spec.paths.round), exit_code=stop.exit_code, reason=stop.reason)
-
-
-def next_round(spec: RunSpec, log: RunLog) -> RunSpec:
-    """The attempt after one that ended because the nodes meet again (a node joins, or one is gone): the next round,
-    the same profile, the newest checkpoint; no restart spent."""
-    spec = next_spec(spec, (spec.profile,), log)
-    log.event(
-        "rejoin",
-        f"meeting the other nodes in round {spec.nodes.round} of the rendezvous on profile '{spec.profile}'"
-        + (f" from {spec.resume}" if spec.resume else " from the start")
-        + " (no restart spent)",
-        attempt=spec.attempt,
-        round=spec.nodes.round,
-        profile=spec.profile,
-        resume=spec.resume,
-    )
-    return spec
-
-
-def failed_for_others(spec: RunSpec, clock, sleep, log: RunLog, gone: set[int]) -> bool:
-    """After a failed attempt on more than one machine: whether a node is gone since the last failure
-    (:func:`nodes_lost`), said in one line; the attempt failed for it, with no cause of this node's to diagnose and
-    no restart to spend."""
-    if spec.nodes is None:
-        return False
-    stop = stopped_node(spec.paths)
-    if stop is not None and stop.node != spec.nodes.node:
-        return False  # a node that stopped for good said so: every node stops (other_node_stopped)
-    return bool(nodes_lost(spec, clock, sleep, log, gone))
-
-
-def follows_another(spec: RunSpec, clock, sleep, log: RunLog) -> bool:
-    """After an attempt on more than one machine whose ranks failed in a collective: whether another node restarted
-    first and waits in a later round (its own failure made this node's ranks fail in its collectives), said in one
-    line; this node follows it there, with no remedy of its own (the peer-to-peer one is for a collective that
-    fails by itself) and no restart spent."""
-    later = later_round(spec.paths, spec.nodes, clock, sleep) if spec.nodes is not None else None
-    if later is None:
-        return False
-    log.event(
-        "follow",
-        f"another node restarted first and waits in round {later}: this node's ranks failed in its collectives, "
-        "not for a fault of their own; this node follows it there",
-        round=spec.nodes.round,
-        next_round=later,
-    )
-    return True
-
-
-def nodes_lost(spec: RunSpec, clock, sleep, log: RunLog, gone: set[int]) -> list[int]:
-    """The other nodes gone since the last failure (their supervisors stopped answering), said in one line; the
-    attempt failed for them. ``gone``: the nodes known gone, kept up to date (one that answers again is no longer;
-    one gone before is no cause now)."""
-    silent = lost_nodes(spec.paths, spec.nodes, clock, sleep)
-    lost = [k for k in silent if k not in gone]
-    gone.clear()
-    gone.update(silent)
-    if not lost:
-        return []
-    n = spec.nodes
-    names, many = " and ".join(f"node {k}" for k in lost), len(lost) > 1
-    them = "them" if many else "it"
-    left = n.count - len(lost)
-    then = (
-        f"the run goes on with the {left} left (--nnodes {n.nnodes}) once the rendezvous waited {n.timeout:.0f} s "
-        f"for {them}"
-        if n.elastic and left >= n.minimum
-        else f"this node waits for {them} at the rendezvous, up to {n.timeout:.0f} s"
-    )
-    log.event(
-        "node_lost",
-        f"{names} of {n.count} {'are' if many else 'is'} gone (no sign of {'their' if many else 'its'} "
-        f"supervisor{'s' if many else ''} for {LOST_AFTER:.0f} s): this node's ranks stopped for {them}, not for a "
-        f"fault of their own; {then}",
-        nodes=lost,
-        round=n.round,
-    )
-    return lost
-
-
-def other_node_stopped(spec: RunSpec, outcome: State, log: RunLog) -> NodeStop | None:
-    """On more than one machine, after an attempt that failed (``outcome``): another node stopped for good (its record
-    in ``round.json``), so this one stops too, said in one line naming the node and its reason; None otherwise."""
-    if spec.nodes is None or outcome not in (State.CRASHED, State.STALLED, State.FAILED):
-        return None
-    found = stopped_node(spec.paths)
-    if found is None or found.node == spec.nodes.node:
-        return None
-    log.event(
-        "node_stopped",
-        f"{found.describe(spec.nodes.count)}: this node stops too (exit {found.exit_code}); once that is fixed, "
-        f"continue with {resume_command(spec)}",
-        node=found.node,
-        exit_code=found.exit_code,
-        reason=found.reason,
-    )
-    return found
-
-
-def _reason(spec: RunSpec, result: RunResult) -> str:
-    """Why this node's run ends, in one line: its verdict, or what its processes said of the error."""
-    if result.verdict:
-        return str(result.verdict[0])
-    kinds = {State.INTERNAL_ERROR: "internal_error", State.USAGE_ERROR: "user_error", State.SETUP_FAILED: "setup_error"}
-    kind = kinds.get(result.state)
-    said = [e for e in read_events(spec.paths.events) if kind and e.get("event") == kind and e.get("error")]
-    if said:
-        prefix = {"internal_error": "internal error", "user_error": "error"}.get(kind, "environment error")
-        return f"{prefix}: {said[-1]['error']}"
-    if result.state == State.INTERNAL_ERROR:
-        return "internal error"
-    if result.detail:
-        return result.detail
-    if result.failures:
-        return f"{result.failures[-1].title}, with no restarts left"
-    return "failed"

@@ -25,8 +25,8 @@ from typing import Callable
 
 from rocm_yolo import errors
 from rocm_yolo.process.lifecycle import signal_name
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.process.terminal import in_foreground
-from rocm_yolo.run.events import RunLog
 from rocm_yolo.supervisor.stall import StallDetector
 from rocm_yolo.supervisor.trainer_process import Child
 

@@ -1,6 +1,6 @@
 """The states of an attempt and of a run, how each ends the process, and ``RunResult``.
 
-States of an attempt::
+States of an attempt (:class:`AttemptState`)::
 
     STARTING --first training batch--> HEALTHY --exit 0--> SUCCEEDED
        |  |                              |--no progress for the stall timeout--> STALLED
@@ -13,38 +13,65 @@ States of an attempt::
     STALLED/CRASHED --restarts left--> next attempt (next profile)   else: FAILED
     REGROUP, or STALLED/CRASHED with another node gone --> next round, same profile, no restart spent
 
-The run ends in FINISHED, FAILED, USAGE_ERROR, SETUP_FAILED (the environment: a broken
-torch, a full or read-only disk; never retried), INTERNAL_ERROR or INTERRUPTED, which is
-``RunResult.state`` and the ``state`` of ``supervisor.json``. :class:`State` itself is part of
-that file's record (:mod:`rocm_yolo.run.supervisor_state`).
+The run (:class:`~rocm_yolo.run.supervisor_state.RunState`, the ``state`` of ``supervisor.json`` and
+``RunResult.state``) is RUNNING, then ends in FINISHED, FAILED, USAGE_ERROR, SETUP_FAILED (the environment: a broken
+torch, a full or read-only disk; never retried), INTERNAL_ERROR or INTERRUPTED. An attempt that ends in one of the
+last four, or in FAILED, ends the run in it (:attr:`AttemptState.run_end`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from rocm_yolo import errors
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.run.supervisor_state import State, SupervisorState
+from rocm_yolo.run.supervisor_state import RunState, SupervisorState
+
+
+class AttemptState(str, Enum):
+    """An attempt's state: how it is going, or how it ended."""
+
+    STARTING = "starting"  # child started, no training batch yet
+    HEALTHY = "healthy"  # heartbeat progressing
+    SUCCEEDED = "succeeded"  # exit 0
+    STALLED = "stalled"  # no progress for the stall timeout
+    CRASHED = "crashed"  # exited with an error during training
+    ALREADY_FINISHED = "already_finished"  # the checkpoint's run has trained all its epochs
+    REGROUP = "regroup"  # several machines: the nodes meet again in a later round (a node joins, or one is lost)
+    # the ends it shares with the run: the run ends so too
+    FAILED = RunState.FAILED.value  # several machines: a node did not come to the rendezvous
+    USAGE_ERROR = RunState.USAGE_ERROR.value  # bad data or arguments
+    SETUP_FAILED = RunState.SETUP_FAILED.value  # the environment: a restart would meet it again
+    INTERNAL_ERROR = RunState.INTERNAL_ERROR.value  # a rocm-yolo bug
+    INTERRUPTED = RunState.INTERRUPTED.value  # SIGINT, SIGTERM or SIGHUP to the supervisor
+
+    @property
+    def run_end(self) -> RunState | None:
+        """The run's state when this end of an attempt is the run's end too, else None."""
+        return RunState(self.value) if self.value in _RUN_VALUES else None
+
+
+_RUN_VALUES = frozenset(state.value for state in RunState)
 
 # How the child's exit code ends an attempt (any other code: CRASHED).
 EXIT_STATES = {
-    errors.OK: State.SUCCEEDED,
-    errors.USAGE: State.USAGE_ERROR,
-    errors.CHILD_FINISHED: State.ALREADY_FINISHED,
-    errors.SETUP: State.SETUP_FAILED,
-    errors.INTERNAL: State.INTERNAL_ERROR,
-    errors.NODES_MISSING: State.FAILED,  # a node did not come to the rendezvous: no restart meets it either
-    errors.REGROUP: State.REGROUP,  # a node waits in a later round: the nodes meet there
+    errors.OK: AttemptState.SUCCEEDED,
+    errors.USAGE: AttemptState.USAGE_ERROR,
+    errors.CHILD_FINISHED: AttemptState.ALREADY_FINISHED,
+    errors.SETUP: AttemptState.SETUP_FAILED,
+    errors.INTERNAL: AttemptState.INTERNAL_ERROR,
+    errors.NODES_MISSING: AttemptState.FAILED,  # a node did not come to the rendezvous: no restart meets it either
+    errors.REGROUP: AttemptState.REGROUP,  # a node waits in a later round: the nodes meet there
 }
 # How a run that ends in a state exits.
 RUN_EXIT = {
-    State.FINISHED: errors.OK,
-    State.FAILED: errors.FAILED,
-    State.USAGE_ERROR: errors.USAGE,
-    State.SETUP_FAILED: errors.SETUP,
-    State.INTERNAL_ERROR: errors.INTERNAL,
+    RunState.FINISHED: errors.OK,
+    RunState.FAILED: errors.FAILED,
+    RunState.USAGE_ERROR: errors.USAGE,
+    RunState.SETUP_FAILED: errors.SETUP,
+    RunState.INTERNAL_ERROR: errors.INTERNAL,
 }
 
 

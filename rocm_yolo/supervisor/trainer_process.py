@@ -17,10 +17,10 @@ from typing import Protocol
 from rocm_yolo import environment
 from rocm_yolo.process import kernel_view, tree
 from rocm_yolo.process.kernel_view import ProcessMove, ThreadView
+from rocm_yolo.process.output import stderr_sink
 from rocm_yolo.process.tee import Tee
 from rocm_yolo.run import heartbeat
 from rocm_yolo.run.devices import launches_ranks, world_size
-from rocm_yolo.run.events import stderr_sink
 from rocm_yolo.run.heartbeat import Heartbeat
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.supervisor.config import WatchdogConfig
@@ -218,5 +218,5 @@ class TrainerProcess:
 
 def _stderr_sink():
     """Where the child's stderr is shown: where this process's ``sys.stderr`` goes (a Jupyter kernel's cell, or the
-    terminal on fd 2, never blocking on it: :func:`rocm_yolo.run.events.stderr_sink`)."""
+    terminal on fd 2, never blocking on it: :func:`rocm_yolo.process.output.stderr_sink`)."""
     return stderr_sink()

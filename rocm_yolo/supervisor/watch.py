@@ -27,14 +27,13 @@ from rocm_yolo.process import cgroup
 from rocm_yolo.process.cgroup import CgroupMemory
 from rocm_yolo.process.kernel_view import ThreadView
 from rocm_yolo.process.lifecycle import signal_name
-from rocm_yolo.run.events import RunLog
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.heartbeat import STEPS, Heartbeat
 from rocm_yolo.run.spec import RunSpec
-from rocm_yolo.run.supervisor_state import State
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.signals import Signals
 from rocm_yolo.supervisor.stall import FINISHED, StallDetector, Startup, ending_note, lingering, ranks_heard
-from rocm_yolo.supervisor.states import EXIT_STATES
+from rocm_yolo.supervisor.states import EXIT_STATES, AttemptState
 from rocm_yolo.supervisor.trainer_process import Child
 
 MOVEMENT_EVERY = 1.0  # seconds between two readings of a start-up's processes
@@ -45,7 +44,7 @@ STILL_TOLD = 5.0  # a start-up that has not moved this long is said in superviso
 class AttemptEnd:
     """How one attempt ended, as its watch saw it."""
 
-    state: State  # SUCCEEDED, CRASHED, STALLED, INTERRUPTED, or what the child's exit code says (EXIT_STATES)
+    state: AttemptState  # SUCCEEDED, CRASHED, STALLED, INTERRUPTED, or what the child's exit code says (EXIT_STATES)
     info: str = ""  # what to say of a failure: "hang at epoch 2/3, train batch 1/4"
     hb: Heartbeat | None = None  # the lead rank's newest heartbeat: where the attempt was last heard
     exit_code: int | None = None  # a crash's
@@ -117,7 +116,7 @@ class Watch:
         while True:
             self.signals.settle(detector, self.log)
             if self.signals.interrupted is not None:
-                return AttemptEnd(State.INTERRUPTED, hb=self.hb)
+                return AttemptEnd(AttemptState.INTERRUPTED, hb=self.hb)
             if self.signals.suspend_requested:
                 self.signals.suspend(child, detector, self.log, self.clock)
                 continue  # a stop that came while stopped ends the attempt before anything else
@@ -134,7 +133,7 @@ class Watch:
             if self.config.enabled and detector.stalled(now):
                 if detector.ending == FINISHED:  # what is left is no training: the run is done
                     self.log.info(lingering(detector.stalled_for(now)))
-                    return AttemptEnd(State.SUCCEEDED, hb=self.hb)
+                    return AttemptEnd(AttemptState.SUCCEEDED, hb=self.hb)
                 if self._waits_for_terminal(now):
                     continue
                 return self._stalled(now)
@@ -208,7 +207,7 @@ class Watch:
         stderr = self.child.stderr_tail(self.mark)
         self.log.info(f"training process exited with {how} (attempt {self.spec.attempt})")
         return AttemptEnd(
-            State.CRASHED,
+            AttemptState.CRASHED,
             f"training process exited with code {rc}",
             hb=self.hb,
             exit_code=rc,
@@ -236,7 +235,7 @@ class Watch:
             path = None
             self.log.event("stacks", f"could not dump stacks: {e}")
         return AttemptEnd(
-            State.STALLED,
+            AttemptState.STALLED,
             f"hang at {at}",
             hb=hb,
             stderr=child.stderr_tail(self.mark),

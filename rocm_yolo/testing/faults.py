@@ -434,7 +434,7 @@ def epoch_save_writer(path):
     import io
     import zipfile
 
-    from rocm_yolo.run.checkpoints import load
+    from rocm_yolo.run.weights import load
 
     fault = find("epoch-save-stop")
     if fault is None or Path(path).name != "last.pt":

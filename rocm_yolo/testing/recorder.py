@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rocm_yolo.patches.saves import trainloop
+from rocm_yolo.patches.saves import loop_position
 from rocm_yolo.run.devices import rank
 
 
@@ -24,7 +24,7 @@ class BatchRecorder:
         self.attempt = attempt
 
     def on_train_batch_end(self, trainer) -> None:
-        loop = trainloop.read_locals(trainloop.loop_frame(trainer), ("i", "batch", "ni", "last_opt_step"))
+        loop = loop_position.read_locals(loop_position.loop_frame(trainer), ("i", "batch", "ni", "last_opt_step"))
         batch = loop.get("batch") or {}
         parts = [batch, *getattr(batch, "rest", ())]  # a GPU that trains several micro-batches a step
         line = {
@@ -45,7 +45,7 @@ class BatchRecorder:
             return
         import torch
 
-        from rocm_yolo.trainer.checkpointing.capture import unwrap
+        from rocm_yolo.trainer.midepoch.capture import unwrap
 
         params = {k: v.detach().float().cpu() for k, v in unwrap(trainer.model).named_parameters()}
         torch.save(params, f"{self.path}.weights.pt")

@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # the supervisor wrote it: anything wrong with it is a rocm-yolo bug
         return errors.report_internal(e)
     from rocm_yolo.process.lifecycle import die_with_parent, dump_stacks_into
+    from rocm_yolo.process.output import RunLog
     from rocm_yolo.run import devices
-    from rocm_yolo.run.events import RunLog
 
     paths = spec.paths
     rank = devices.rank()  # a rank of a multi-GPU run, started by torch.distributed.run
@@ -126,6 +126,6 @@ def _train(spec: RunSpec, log) -> int:
 
 
 def _setup_failure(spec: RunSpec, log, error: BaseException) -> int:
-    from rocm_yolo.trainer import failures
+    from rocm_yolo.setup_failure import report_setup_failure
 
-    return failures.report_setup_failure(spec, log, error)
+    return report_setup_failure(spec, log, error)

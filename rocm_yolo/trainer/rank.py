@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from rocm_yolo import environment, errors
-from rocm_yolo.run import checkpoints, devices
-from rocm_yolo.run.events import RunLog
+from rocm_yolo.process.output import RunLog
+from rocm_yolo.run import devices, weights
 from rocm_yolo.run.heartbeat import exit_line, start_line
 from rocm_yolo.run.spec import RunSpec
 
@@ -132,7 +132,7 @@ def agreed_resume(spec: RunSpec, log: RunLog) -> RunSpec:
     if spec.nodes is None:
         return spec
     try:
-        newest = checkpoints.plan_resume_point(spec.paths.last).path
+        newest = weights.plan_resume_point(spec.paths.last).path
     except errors.UsageError:  # nothing saved yet
         return spec
     if spec.resume is not None and Path(spec.resume) == newest:

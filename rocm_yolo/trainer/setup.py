@@ -17,10 +17,9 @@ from rocm_yolo import errors
 from rocm_yolo.errors import SetupError
 from rocm_yolo.gpu import arch as gpu_arch
 from rocm_yolo.gpu import presets as gpu_presets
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.atomic import check_cache
-from rocm_yolo.run.events import RunLog
-from rocm_yolo.run.profiles import LoaderSettings
-from rocm_yolo.run.spec import RunSpec
+from rocm_yolo.run.spec import LoaderSettings, RunSpec
 
 
 @dataclass
@@ -96,10 +95,10 @@ def setup(spec: RunSpec, log: RunLog) -> Environment:
     import_checked("torch", "reinstall torch (on an AMD GPU, the ROCm build)")  # 3.
     import_checked("ultralytics", "reinstall ultralytics")
     if env.loader.fork_server:
-        from rocm_yolo.trainer.loaders import forkserver
+        from rocm_yolo.trainer.forkserver import server
 
         # before any patch is installed and before the GPU is touched: a fork of this process, where that is safe
-        why = forkserver.start(spec.run_dir)
+        why = server.start(spec.run_dir)
         if why:
             log.event("forkserver_exec", why=why)  # a new interpreter instead, which imports torch again
     tempdir = multiprocessing.process.current_process()._config.get("tempdir")  # multiprocessing's pymp-*

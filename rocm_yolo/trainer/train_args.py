@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from rocm_yolo.errors import UsageError
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run import devices
 from rocm_yolo.run.atomic import write_atomic
-from rocm_yolo.run.events import RunLog
-from rocm_yolo.run.midepoch import MidEpochState
+from rocm_yolo.run.midepoch_state import MidEpochState
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.ultralytics_rules.checkpoint import already_finished, finished, last_epoch
 from rocm_yolo.ultralytics_rules.resume import RESUME_REPORTED

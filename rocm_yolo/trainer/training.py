@@ -1,16 +1,26 @@
-"""The training child's steps 2-4: set up, then ``YOLO(model).train(**args)`` with rocm-yolo's callbacks."""
+"""The training child's steps 2-4: set up, then ``YOLO(model).train(**args)`` with rocm-yolo's callbacks.
+
+A failure during training (:func:`report_training_failure`) is one line and an exit code: a full or read-only disk
+stops the run, a rocm-yolo bug is reported as one, and anything else is a crash (1, ``RUN/crash-K.txt``) the
+supervisor restarts on a safer profile. One before training is the caller's to report
+(:func:`rocm_yolo.setup_failure.report_setup_failure`), as the DDP launcher's is.
+"""
 
 from __future__ import annotations
 
 import time
 
+from rocm_yolo import errors, triage
 from rocm_yolo.errors import CHILD_FINISHED, OK
-from rocm_yolo.run import devices, hooks
-from rocm_yolo.run.devices import Relayout, relayout
-from rocm_yolo.run.events import RunLog
-from rocm_yolo.run.midepoch import MID_EPOCH_KEY, parse_interval
+from rocm_yolo.policy.placement import relayout
+from rocm_yolo.process.lifecycle import signal_name
+from rocm_yolo.process.output import RunLog
+from rocm_yolo.run import devices, hooks, weights
+from rocm_yolo.run.devices import Relayout
+from rocm_yolo.run.midepoch_state import MID_EPOCH_KEY, parse_interval
 from rocm_yolo.run.spec import RunSpec
-from rocm_yolo.trainer import failures, train_args
+from rocm_yolo.setup_failure import report_setup_failure, say_setup_error, say_user_error
+from rocm_yolo.trainer import train_args
 from rocm_yolo.trainer.setup import Environment, header_lines, setup
 
 
@@ -26,11 +36,11 @@ def callback_owners(spec: RunSpec, env: Environment, log: RunLog):
     from rocm_yolo.trainer.callbacks.heartbeat_writer import HeartbeatWriter
     from rocm_yolo.trainer.callbacks.trackers import Trackers
     from rocm_yolo.trainer.callbacks.trainer_settings import TrainerSettings
-    from rocm_yolo.trainer.checkpointing.relayout import Relaid
-    from rocm_yolo.trainer.checkpointing.restore import MidEpochResume
-    from rocm_yolo.trainer.checkpointing.sample_order import TrainOrder
-    from rocm_yolo.trainer.checkpointing.save import MidEpochSave
-    from rocm_yolo.trainer.loaders.forkserver import ServerReady
+    from rocm_yolo.trainer.forkserver.server import ServerReady
+    from rocm_yolo.trainer.midepoch.relayout import Relaid
+    from rocm_yolo.trainer.midepoch.restore import MidEpochResume
+    from rocm_yolo.trainer.midepoch.sample_order import TrainOrder
+    from rocm_yolo.trainer.midepoch.save import MidEpochSave
     from rocm_yolo.ultralytics_rules import compat
 
     paths = spec.paths
@@ -76,8 +86,8 @@ def relayout_here(spec: RunSpec) -> Relayout | None:
 
 def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
     from rocm_yolo.trainer.callbacks.registry import register
-    from rocm_yolo.trainer.checkpointing.restore import checked_resume
-    from rocm_yolo.trainer.checkpointing.save import clean_temporaries
+    from rocm_yolo.trainer.midepoch.restore import checked_resume
+    from rocm_yolo.trainer.midepoch.save import clean_temporaries
 
     started = time.time()
     owners, settings = callback_owners(spec, env, log)  # the heartbeat says "setup" from here on
@@ -113,7 +123,7 @@ def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
             args["trainer"] = trainer_class(model, spec.nodes.count if spec.nodes else 1)
         model.train(**args)
     except train_args.RunFinished as e:
-        failures.say_user_error(log, str(e))
+        say_user_error(log, str(e))
         return CHILD_FINISHED
     except (KeyboardInterrupt, SystemExit):
         raise
@@ -125,11 +135,71 @@ def train(spec: RunSpec, env: Environment, log: RunLog) -> int:
             getattr(trainer, "train_loader", None),
             getattr(getattr(trainer, "validator", None), "dataloader", None),
         )
-        return failures.report_training_failure(
+        return report_training_failure(
             spec,
             log,
-            failures.name_dead_worker(e, [x for x in loaders if x is not None]),
+            name_dead_worker(e, [x for x in loaders if x is not None]),
             batch=getattr(trainer, "batch_size", None),  # Ultralytics may have halved it after out-of-memory errors
         )
     log.event("trained", seconds=round(time.time() - started, 2))  # the run's "finished" is the supervisor's
     return OK
+
+
+# Exceptions that mean a programming error when rocm-yolo's own code raised them.
+BUG_TYPES = (TypeError, AttributeError, NameError, KeyError, IndexError, AssertionError, UnboundLocalError)
+
+
+def _drop_truncated(spec: RunSpec, log: RunLog) -> None:
+    """A save cut short by a full disk leaves a truncated checkpoint: it can never load, so remove it."""
+    for path in (spec.paths.last, spec.paths.best):
+        reason = weights.verify(path) if path.exists() else None
+        if reason is not None:
+            try:
+                path.unlink()
+                log.info(f"removed {path}: its save was cut short ({reason})")
+            except OSError:
+                pass
+
+
+def name_dead_worker(error: BaseException, loaders: list) -> BaseException:
+    """A data queue that failed because a worker died, reported as torch reports it (with the pid).
+
+    See :func:`rocm_yolo.patches.loaders.dataloader.dead_workers`: a worker killed while it hands over a
+    batch can surface as a bare ``ConnectionResetError`` or ``EOFError`` that names no worker.
+    """
+    if not isinstance(error, (ConnectionError, EOFError)) or not loaders:
+        return error
+    from rocm_yolo.patches.loaders.dataloader import dead_workers
+
+    dead = dead_workers(loaders)
+    if not dead:
+        return error
+    how = ", ".join(
+        f"pid {pid} " + (f"killed by {signal_name(-code)}" if code is not None and code < 0 else f"exit code {code}")
+        for pid, code in dead
+    )
+    pids = ", ".join(str(pid) for pid, _ in dead)
+    named = RuntimeError(f"DataLoader worker (pid(s) {pids}) exited unexpectedly: {how}")
+    named.__cause__ = error
+    return named
+
+
+def report_training_failure(spec: RunSpec, log: RunLog, error: BaseException, batch: int | None = None) -> int:
+    """An error during training: a full or read-only disk stops the run, a rocm-yolo bug is
+    reported as one, anything else is a crash the supervisor restarts on a safer profile (``batch``: the batch size
+    the trainer had then, which the supervisor's out-of-memory advice starts from)."""
+    if triage.is_disk_error(error):
+        _drop_truncated(spec, log)  # frees the space they hold for the reports that follow
+        return say_setup_error(spec, log, error, triage.classify(error).line)
+    if isinstance(error, BUG_TYPES) and triage.raised_by_rocm_yolo(error):
+        return report_setup_failure(spec, log, error)  # classified internal: not retried
+    path = errors.save_traceback(error, spec.paths.crash(spec.attempt, devices.rank()))
+    first = errors.one_line(error)
+    log.event(
+        "crash_traceback",
+        f"training error: {first}" + (f" (traceback in {path})" if path else ""),
+        path=str(path) if path else None,
+        error=first,
+        batch=batch if isinstance(batch, int) and not isinstance(batch, bool) else None,
+    )
+    return errors.FAILED

@@ -10,7 +10,7 @@ installed one in the training child.
 - :mod:`.tasks`: which task a model trains, decided as Ultralytics decides it;
 - :mod:`.checkpoint`: the keys ``save_model`` writes, and the fields of a checkpoint a resume decides on;
 - :mod:`.resume`: what ``check_resume`` lets a resume change;
-- :mod:`.train_loop`: what rocm-yolo assumes of ``BaseTrainer._do_train``'s locals;
+- :mod:`.loop_locals`: what rocm-yolo assumes of ``BaseTrainer._do_train``'s locals;
 - :mod:`.user_checks`: Ultralytics' checks of the user's input (an error inside one is the user's);
 - :mod:`.data`: each task's data, found and checked as Ultralytics reads it.
 """

@@ -1,8 +1,8 @@
 """Ultralytics' checkpoint dict: the keys ``save_model`` writes, and the plain fields a resume decides on.
 
 Read without torch and without running any code a checkpoint names
-(:func:`rocm_yolo.run.checkpoints.read_inert`): ``epoch``, ``train_args`` and whether it holds a
-mid-epoch position (:mod:`rocm_yolo.run.midepoch`); and whether a file is a checkpoint Ultralytics can train
+(:func:`rocm_yolo.run.weights.read_inert`): ``epoch``, ``train_args`` and whether it holds a
+mid-epoch position (:mod:`rocm_yolo.run.midepoch_state`); and whether a file is a checkpoint Ultralytics can train
 from at all (:func:`checkpoint_problem`).
 """
 
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rocm_yolo.errors import command, option
-from rocm_yolo.run.checkpoints import load, read_inert
-from rocm_yolo.run.midepoch import has_position
+from rocm_yolo.run.midepoch_state import has_position
+from rocm_yolo.run.weights import load, read_inert
 
 # The keys of BaseTrainer.save_model's dict that rocm-yolo reads or writes itself (a mid-epoch checkpoint
 # mirrors them, so YOLO(path) and Ultralytics' own resume accept it); compat checks save_model still writes them.

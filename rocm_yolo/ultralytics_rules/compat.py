@@ -26,7 +26,7 @@ from typing import Callable
 
 from rocm_yolo.errors import SetupError
 from rocm_yolo.ultralytics_rules.checkpoint import CHECKPOINT_KEYS
-from rocm_yolo.ultralytics_rules.train_loop import LOOP_LOCALS, LOOP_SOURCE
+from rocm_yolo.ultralytics_rules.loop_locals import LOOP_LOCALS, LOOP_SOURCE
 from rocm_yolo.ultralytics_rules.versions import SUPPORTED_ULTRALYTICS, untested, untested_torch
 
 MID_EPOCH_FEATURE = "mid-epoch checkpoints (--checkpoint-every) and resuming inside an epoch"

@@ -18,6 +18,10 @@ from pathlib import Path
 
 from rocm_yolo.errors import UsageError
 
+# The batches each DataLoader worker of a training loader holds in flight: ``build_dataloader``'s prefetch_factor
+# when it shuffles (ultralytics/data/build.py; not in cfg/default.yaml)
+TRAIN_PREFETCH = 4
+
 
 @dataclass(frozen=True)
 class UltralyticsConfig:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rocm_yolo.run.checkpoints import read_inert, state_of
+from rocm_yolo.run.weights import read_inert, state_of
 
 DETECT, SEGMENT, POSE, OBB, CLASSIFY = "detect", "segment", "pose", "obb", "classify"
 # Ultralytics' name rule, in its order (guess_model_task): stem marker or directory name -> task

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from helpers import epochs_in, events, wait_for, with_cpu_ranks
-from rocm_yolo.run import checkpoints, heartbeat
+from rocm_yolo.run import heartbeat
+from rocm_yolo.run import weights as checkpoints
 from rocm_yolo.run.paths import RunPaths
 
 RECORD = "ROCM_YOLO_RECORD_BATCHES"

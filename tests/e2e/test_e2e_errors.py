@@ -17,8 +17,8 @@ import pytest
 
 from helpers import TINY, Cli, rocm_lines, wait_for
 from rocm_yolo import errors
-from rocm_yolo.launch.demo import write_demo
-from rocm_yolo.run import checkpoints
+from rocm_yolo.request.demo import write_demo
+from rocm_yolo.run import weights as checkpoints
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.supervisor_state import read_state
 

@@ -27,8 +27,9 @@ from pathlib import Path
 import pytest
 
 from helpers import Cli, events
-from rocm_yolo.launch.demo import write_demo
-from rocm_yolo.run import checkpoints, heartbeat
+from rocm_yolo.request.demo import write_demo
+from rocm_yolo.run import heartbeat
+from rocm_yolo.run import weights as checkpoints
 from rocm_yolo.run.paths import RunPaths
 
 pytestmark = pytest.mark.e2e

@@ -25,8 +25,9 @@ import pytest
 
 from helpers import TAG_VAR, Cli, epochs_in, wait_for, with_cpu_ranks
 from rocm_yolo import errors
-from rocm_yolo.launch.demo import write_demo
-from rocm_yolo.run import checkpoints, heartbeat
+from rocm_yolo.request.demo import write_demo
+from rocm_yolo.run import heartbeat
+from rocm_yolo.run import weights as checkpoints
 from rocm_yolo.run.nodes import Round, read_round
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import latest_spec

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from helpers import Cli, epochs_in, events, rocm_lines, with_cpu_ranks
-from rocm_yolo.launch.demo import write_demo
+from rocm_yolo.request.demo import write_demo
 
 IMAGES = 64
 NO_AUGMENT = ["mosaic=0", "fliplr=0", "hsv_h=0", "hsv_s=0", "hsv_v=0", "translate=0", "scale=0", "close_mosaic=0"]

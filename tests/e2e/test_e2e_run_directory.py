@@ -14,7 +14,7 @@ import pytest
 
 from helpers import TINY, Cli, epochs_in, rocm_lines
 from rocm_yolo import errors
-from rocm_yolo.run import checkpoints
+from rocm_yolo.run import weights as checkpoints
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.supervisor_state import read_state
 

@@ -21,12 +21,13 @@ import pytest
 import slurm_cluster
 from helpers import epochs_in, with_cpu_ranks
 from rocm_yolo import errors
-from rocm_yolo.launch.demo import write_demo
-from rocm_yolo.run import checkpoints, heartbeat
+from rocm_yolo.request.demo import write_demo
+from rocm_yolo.run import heartbeat
+from rocm_yolo.run import weights as checkpoints
 from rocm_yolo.run.nodes import read_round
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.run.spec import latest_spec
-from rocm_yolo.run.supervisor_state import State, read_state
+from rocm_yolo.run.supervisor_state import RunState, read_state
 
 pytestmark = pytest.mark.multinode
 
@@ -106,11 +107,11 @@ def test_scancel_stops_both_nodes_and_the_job_submitted_again_resumes_every_epoc
     stopped = f"Exited with exit code {errors.TERMINATED}"
     assert task_ends(text) == {0: stopped, 1: stopped}, text[-3000:]
     assert text.count("rocm-yolo: stopped by SIGTERM; the training process tree is gone") == 2, text[-3000:]
-    assert all(read_state(RunPaths(run, k)).state == State.INTERRUPTED for k in (0, 1))
+    assert all(read_state(RunPaths(run, k)).state == RunState.INTERRUPTED for k in (0, 1))
     assert cli.leftovers() == [] and "Traceback" not in text
     weights = run / "weights"
     assert 1 <= len(epochs_in(run)) < 4 and checkpoints.verify(weights / "last.pt") is None
-    # A stop lets a checkpoint write in progress end (trainer/callbacks/good_copy.py, checkpointing/save.py): the
+    # A stop lets a checkpoint write in progress end (trainer/callbacks/good_copy.py, midepoch/save.py): the
     # verified copy of epoch 1's last.pt, begun before epoch 2, is whole. Fails where the stop lands during that
     # copy: SLURM signals every process of the step, so torch's agent gets up to three SIGTERMs (SLURM's, and the
     # launcher forwards its own and the supervisor's), the later ones break its wait for its ranks, it exits, and
@@ -128,5 +129,5 @@ def test_scancel_stops_both_nodes_and_the_job_submitted_again_resumes_every_epoc
         nodes = latest_spec(run, k).nodes
         assert (nodes.count, nodes.node, nodes.source) == (2, k, "SLURM")
         assert nodes.endpoint == f"n1:{read_round(RunPaths(run, k)).port}"  # the run's own port, both jobs
-        assert read_state(RunPaths(run, k)).state == State.FINISHED
+        assert read_state(RunPaths(run, k)).state == RunState.FINISHED
     assert cli.leftovers() == []

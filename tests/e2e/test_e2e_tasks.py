@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from helpers import Cli, events, prepare, rocm_lines
-from rocm_yolo.launch import ownership
-from rocm_yolo.run import checkpoints
+from rocm_yolo.request import ownership
+from rocm_yolo.run import weights as checkpoints
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.ultralytics_rules import tasks
 from taskdata import TASKS

@@ -26,7 +26,8 @@ from helpers import (
     rocm_lines,
     wait_for,
 )
-from rocm_yolo.run import checkpoints, heartbeat
+from rocm_yolo.run import heartbeat
+from rocm_yolo.run import weights as checkpoints
 from rocm_yolo.run.paths import GOOD_NAME, RunPaths
 from rocm_yolo.ultralytics_rules.checkpoint import summary
 

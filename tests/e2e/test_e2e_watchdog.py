@@ -27,7 +27,8 @@ import pytest
 
 from helpers import TINY, epochs_in, events, kernel_line, rocm_lines, with_kernel_log
 from rocm_yolo.process import tree
-from rocm_yolo.run import checkpoints, heartbeat
+from rocm_yolo.run import heartbeat
+from rocm_yolo.run import weights as checkpoints
 from rocm_yolo.run.events import read_events
 from rocm_yolo.run.paths import RunPaths
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 import rocm_yolo
-from rocm_yolo import errors, launch
+from rocm_yolo import errors, request
 from rocm_yolo.errors import UsageError
 from rocm_yolo.run.events import FROM_PYTHON
-from rocm_yolo.run.supervisor_state import State
+from rocm_yolo.run.supervisor_state import RunState
 from rocm_yolo.supervisor.states import RunResult
 
 
@@ -22,9 +22,9 @@ def test_an_interrupted_run_raises_keyboard_interrupt_with_its_result(monkeypatc
 
     def interrupted(request):
         seen.append(FROM_PYTHON.get())  # the supervisor's advice is given in Python
-        return RunResult(state=State.INTERRUPTED, exit_code=errors.INTERRUPTED, run_dir=str(tmp_path))
+        return RunResult(state=RunState.INTERRUPTED, exit_code=errors.INTERRUPTED, run_dir=str(tmp_path))
 
-    monkeypatch.setattr(launch, "train", interrupted)
+    monkeypatch.setattr(request, "train", interrupted)
     with pytest.raises(KeyboardInterrupt) as caught:
         rocm_yolo.train("d.yaml")
     assert seen == [True] and FROM_PYTHON.get() is False
@@ -32,8 +32,8 @@ def test_an_interrupted_run_raises_keyboard_interrupt_with_its_result(monkeypatc
 
 
 def test_another_end_is_returned(monkeypatch, tmp_path):
-    failed = RunResult(state=State.FAILED, exit_code=errors.FAILED, run_dir=str(tmp_path))
-    monkeypatch.setattr(launch, "train", lambda request: failed)
+    failed = RunResult(state=RunState.FAILED, exit_code=errors.FAILED, run_dir=str(tmp_path))
+    monkeypatch.setattr(request, "train", lambda request: failed)
     assert rocm_yolo.train("d.yaml") is failed
 
 
@@ -48,8 +48,8 @@ def test_the_docstring_names_every_keyword_and_every_error_the_call_raises():
     says the call raises is exported from rocm_yolo and named in the README."""
     from dataclasses import fields
 
-    from rocm_yolo.launch.train_request import TrainRequest
-    from rocm_yolo.run.profiles import LOADER_KEYS
+    from rocm_yolo.policy.profiles import LOADER_KEYS
+    from rocm_yolo.request.train_request import TrainRequest
 
     doc = rocm_yolo.train.__doc__
     names = {f.name for f in fields(TrainRequest)} - {"overrides"}

@@ -141,8 +141,8 @@ def test_done_counts_from_the_resumed_checkpoint_not_from_results_csv(tmp_path):
     from types import SimpleNamespace
 
     from helpers import fake_checkpoint
-    from rocm_yolo.launch import ending
-    from rocm_yolo.run.midepoch import MID_EPOCH_KEY
+    from rocm_yolo.request import ending
+    from rocm_yolo.run.midepoch_state import MID_EPOCH_KEY
     from rocm_yolo.ultralytics_rules import checkpoint
 
     results = tmp_path / "results.csv"
@@ -164,7 +164,7 @@ def test_help_says_what_the_code_does():
     fault is retried once), and the description still said spawn-safe, as pyproject's did."""
     import tomllib
 
-    from rocm_yolo.run.profiles import LOADER_SETTINGS
+    from rocm_yolo.policy.profiles import LOADER_SETTINGS
 
     text = " ".join(cli_module.build_parser().commands["train"].format_help().split())
     assert [k for k in LOADER_SETTINGS if f"{k}=" not in text] == []

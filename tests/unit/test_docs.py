@@ -1,7 +1,8 @@
 """The docs held against the code, as black's ``test_docs`` does: what a newcomer reads must be what is there.
 
 The package maps (each package's docstring), every ``:mod:`` reference, CONTRIBUTING's tree, its
-patch list and its fault list, and the run directory in docs/watchdog.md.
+patch list, its fault list, the paths its picture of the roles and its table name, and the run directory in
+docs/watchdog.md.
 """
 
 from __future__ import annotations
@@ -65,6 +66,36 @@ def test_contributings_tree_is_the_package_tree():
         name for name, path in FILES.items() if path.name == "__init__.py" and name.count(".") and "patches" not in name
     }
     assert listed == packages
+
+
+def _a_path_of_the_house(path: str) -> bool:
+    """``path`` as CONTRIBUTING names it (``trainer/forkserver/``, ``conv/probe.py``, ``trainer/rank``): a file or
+    folder of the repository, of ``rocm_yolo/`` or of ``patches/`` (a module without its ``.py`` too)."""
+    path = path.rstrip("/")
+    return any(
+        (base / path).exists() or (base / f"{path}.py").is_file()
+        for base in (ROOT, ROOT / "rocm_yolo", ROOT / "patches")
+    )
+
+
+def test_contributings_picture_of_the_roles_names_what_is_there():
+    """The picture of the six process roles: each role numbered, every module it starts (``python -m ...``) and every
+    path it names (``trainer/forkserver/``, ``conv/selftest.py``) is there."""
+    block = CONTRIBUTING.split("The six process roles", 1)[1].split("```", 2)[1]
+    started = re.findall(r"python -m ([\w.]+)", block)
+    named = re.findall(r"(?<![\w./-])((?:\w+/)+(?:\w+(?:\.py)?)?)", block)
+    assert {int(n) for n in re.findall(r"\s([1-9])\. ", block)} == {1, 2, 3, 4, 5, 6}
+    assert started and named
+    assert [name for name in started if name not in FILES] == []
+    assert [path for path in named if not _a_path_of_the_house(path)] == []
+
+
+def test_contributings_table_of_where_to_change_what_names_what_is_there():
+    """Every path in the table of where to change what (``policy/profiles.py``, ``ultralytics_rules/``) is there."""
+    table = CONTRIBUTING.split("Where to change what", 1)[1].split("\n\n", 2)[1]
+    named = re.findall(r"`((?:[\w.]+/)+[\w.]*)`", table)
+    assert len(named) > 20
+    assert [path for path in named if not _a_path_of_the_house(path)] == []
 
 
 def test_contributings_patch_list_is_the_patches():

@@ -75,7 +75,7 @@ def test_the_cli_and_the_trainers_entry_import_nothing_heavy():
     """``rocm-yolo --help`` answers at once; the child sets spawn before torch comes in."""
     names = [
         "rocm_yolo.cli",
-        "rocm_yolo.launch",
+        "rocm_yolo.request",
         "rocm_yolo.supervisor.loop",
         "rocm_yolo.status",
         "rocm_yolo.trainer.entry",
@@ -92,7 +92,7 @@ def test_testing_hooks_are_imported_only_when_asked_for(tmp_path):
     code = (
         "import os, sys\n"
         "os.environ.pop('ROCM_YOLO_PLUGINS', None); os.environ['ROCM_YOLO_FAULT'] = 'worker-hang'\n"
-        "import rocm_yolo.trainer.training, rocm_yolo.trainer.loaders.preload, rocm_yolo.conv.probe\n"
+        "import rocm_yolo.trainer.training, rocm_yolo.trainer.forkserver.preload, rocm_yolo.conv.probe\n"
         "import rocm_yolo.patches.loaders.dataloader\n"
         "from rocm_yolo.run import hooks\n"
         "hooks.arm_worker(None, None); hooks.conv_fault('native'); assert hooks.trainer_callbacks(None, 1) == []\n"

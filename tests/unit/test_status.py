@@ -160,7 +160,7 @@ def test_a_stopped_run_has_no_speed_and_the_profile_is_its_attempts_own(tmp_path
         paths = write_run(tmp_path, state=state)
         text = status.render(status.collect(paths.run_dir, now=NOW))
         assert "progress:  epoch 2/3, train batch 12/16" in text and "it/s" not in text and "ETA" not in text
-    from rocm_yolo.run.profiles import resolve
+    from rocm_yolo.policy.profiles import resolve
     from rocm_yolo.run.spec import RunSpec
 
     spec = RunSpec("d.yaml", "m.yaml", str(paths.run_dir), "fast", resolve("fast", 2).loader, True, {}, attempt=2)

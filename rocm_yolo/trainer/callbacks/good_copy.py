@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Callable
 
 from rocm_yolo.process.lifecycle import uninterrupted
-from rocm_yolo.run import checkpoints
-from rocm_yolo.run.events import RunLog
+from rocm_yolo.process.output import RunLog
+from rocm_yolo.run import weights
 
 
 class GoodCopy:
@@ -68,7 +68,7 @@ class GoodCopy:
 
     def _copy(self, last: Path, epoch: int) -> None:
         try:
-            good = checkpoints.keep_good_copy(last, link=self.link)
+            good = weights.keep_good_copy(last, link=self.link)
         except OSError as e:
             self.log.info(f"could not keep a verified copy of {last}: {e}")
             return

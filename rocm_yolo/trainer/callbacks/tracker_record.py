@@ -3,7 +3,7 @@
 - :class:`TrackerRecord` is ``RUN/rocm_yolo/tracker.json``: the MLflow run (and its tracking URI)
   and the W&B run the first attempt opened. Each later attempt of the run, a watchdog restart
   or a ``--resume``, continues them. A new run (also one that reuses a directory) starts
-  without one: :func:`rocm_yolo.launch.claim.claim` removes it.
+  without one: :func:`rocm_yolo.request.claim.claim` removes it.
 - :func:`attempts` reads every attempt of the run from its own files (``spec-K.json`` and the
   supervisor's ``restart`` events): why it started (``start``, ``watchdog``, ``resume``), the
   failure a restart recovered from (cause, epoch and batch as last heard), its profile,

@@ -37,7 +37,7 @@ import sys
 from dataclasses import replace
 
 from rocm_yolo import environment, errors
-from rocm_yolo.run.events import RunLog
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.trainer.callbacks.tracker_record import (
     TrackerRecord,

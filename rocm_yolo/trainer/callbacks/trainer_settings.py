@@ -18,7 +18,7 @@ import functools
 import os
 
 from rocm_yolo.patches.loaders import dataloader as loader_patch
-from rocm_yolo.run.events import RunLog
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.spec import RunSpec
 
 

@@ -6,7 +6,7 @@ come from a fork server, so each worker gets the dataset pickled. Since 8.4.1xx 
 (``BaseDataset._ImageCache``) that pickles as shared memory in ``/dev/shm``, but only when ``/dev/shm``
 has twice its size free (the margin ``check_cache_ram`` keeps); otherwise, and always with an older
 Ultralytics (a list of arrays), every worker gets a copy of its own: a 20 GB cache with 8 workers is
-160 GB. :func:`estimate` and :func:`shared_memory` let the launch decide before anything starts.
+160 GB. :func:`estimate` and :func:`shared_memory` let the request's checks decide before anything starts.
 """
 
 from __future__ import annotations

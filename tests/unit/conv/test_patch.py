@@ -344,7 +344,7 @@ EPOCH_STRATEGIES = ("native", "miopen-off", "aten", "fp32", "gemm")
 
 TRAIN_SCRIPT = """
 import json, sys, torch
-from rocm_yolo.launch.demo import write_demo
+from rocm_yolo.request.demo import write_demo
 from rocm_yolo.conv.patch import install, installed_strategy
 from ultralytics import YOLO
 order = sys.argv[2].split(",")

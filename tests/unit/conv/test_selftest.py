@@ -143,7 +143,7 @@ def test_cache_dir_from_environment(tmp_path, monkeypatch):
 def test_strategy_names_have_one_source():
     """The CLI, the launcher, the self-test, the patch and the benchmark take the names from one module."""
     from rocm_yolo.conv import strategies as conv_strategies
-    from rocm_yolo.launch import train_request, validation
+    from rocm_yolo.request import train_request, validation
 
     assert validation.CONV_STRATEGIES == conv_strategies.CHOICES == ("auto",) + convtest.STRATEGIES
     assert train_request.CONV_STRATEGIES is conv_strategies.CHOICES
@@ -153,8 +153,8 @@ def test_strategy_names_have_one_source():
         "rocm_yolo/conv/patch.py",
         "benchmarks/bench_conv.py",
         "rocm_yolo/conv/selftest.py",
-        "rocm_yolo/launch/train_request.py",
-        "rocm_yolo/launch/validation.py",
+        "rocm_yolo/request/train_request.py",
+        "rocm_yolo/request/validation.py",
     ):
         text = (root / path).read_text()
         assert "from rocm_yolo.conv.strategies import" in text, path

@@ -20,11 +20,11 @@ from rocm_yolo.ddp import launcher, rendezvous
 from rocm_yolo.ddp.relay import Relay
 from rocm_yolo.ddp.rendezvous import NodeRendezvous
 from rocm_yolo.ddp.torchrun import RENDEZVOUS_FAILED, RENDEZVOUS_TIMEOUT
+from rocm_yolo.policy.profiles import resolve
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run import heartbeat
-from rocm_yolo.run.events import RunLog
 from rocm_yolo.run.nodes import Nodes, NodeStop, join_round, mark_round_started, record_stop
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.run.profiles import resolve
 from rocm_yolo.run.spec import RunSpec
 
 

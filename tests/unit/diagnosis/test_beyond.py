@@ -22,9 +22,9 @@ from rocm_yolo.diagnosis.diagnose import (
 )
 from rocm_yolo.diagnosis.remedies import Context, decide, host_memory, verdict
 from rocm_yolo.gpu.arch import detect_gpus
-from rocm_yolo.launch.demo import write_demo
 from rocm_yolo.process.cgroup import CgroupMemory
 from rocm_yolo.process.kernel_view import ThreadView
+from rocm_yolo.request.demo import write_demo
 from rocm_yolo.run.supervisor_state import Failure
 
 HSA = (

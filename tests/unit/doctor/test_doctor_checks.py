@@ -177,7 +177,7 @@ def test_docker_default_shm_is_too_small():
 def test_cache_ram_counts_in_the_shared_memory_need(tmp_path, monkeypatch):
     """``--cache ram``: the demo's 24 images at imgsz 32 (72 KiB) count twice in /dev/shm when Ultralytics shares its
     cache there; with too little free, or an Ultralytics that copies it per worker, a warning with the fixes."""
-    from rocm_yolo.launch.demo import write_demo
+    from rocm_yolo.request.demo import write_demo
     from rocm_yolo.ultralytics_rules.data import cache as ucache
 
     data = write_demo(tmp_path / "d", train=16, val=8, size=64)

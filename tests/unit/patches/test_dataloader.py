@@ -10,8 +10,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from rocm_yolo.patches.loaders import dataloader as patch
+from rocm_yolo.policy.profiles import resolve
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.run.profiles import resolve
 
 ORIGINAL = DataLoader.__dict__["__init__"]
 
@@ -140,7 +140,7 @@ def test_real_spawn_workers_load_and_record_themselves(installed, tmp_path):
 def test_workers_fork_from_a_preloaded_server_that_holds_no_gpu_and_runs_no_thread(installed, tmp_path):
     import multiprocessing.forkserver
 
-    from rocm_yolo.trainer.loaders import forkserver
+    from rocm_yolo.trainer.forkserver import server as forkserver
 
     multiprocessing.forkserver._forkserver._stop()  # a server another test of this process started has no preload
     forkserver.start(tmp_path)  # as the training child does (this test process stands in for the trainer)

@@ -22,9 +22,9 @@ from torch.utils.data import DataLoader
 
 from rocm_yolo.patches.loaders import dataloader as patch
 from rocm_yolo.patches.loaders import worker_deaths
+from rocm_yolo.policy.profiles import resolve
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.run.profiles import resolve
-from rocm_yolo.trainer.loaders import forkserver
+from rocm_yolo.trainer.forkserver import server as forkserver
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -159,8 +159,8 @@ sys.path.insert(0, {here!r})
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 from rocm_yolo.patches.loaders import dataloader as patch
-from rocm_yolo.run.profiles import resolve
-from rocm_yolo.trainer.loaders import forkserver
+from rocm_yolo.policy.profiles import resolve
+from rocm_yolo.trainer.forkserver import server as forkserver
 
 def main():
     forkserver.start({run!r})

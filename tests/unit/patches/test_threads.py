@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from rocm_yolo.patches.loaders import dataloader as patch
 from rocm_yolo.patches.loaders import threads as thread_patch
-from rocm_yolo.run.profiles import resolve
+from rocm_yolo.policy.profiles import resolve
 
 THREADS = resolve("threads", None, cpu_count=2).loader  # 2 loader threads, prefetch 2
 

@@ -152,7 +152,7 @@ def test_no_interpreter_rocm_yolo_starts_imports_from_the_working_directory(tmp_
     built: the doctor's, the GPU count's, the conv self-test's."""
     from rocm_yolo.conv import selftest
     from rocm_yolo.doctor import system
-    from rocm_yolo.doctor.report import Options
+    from rocm_yolo.doctor.options import Options
     from rocm_yolo.gpu import count
 
     marker = tmp_path / "ran"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rocm_yolo.errors import UsageError
-from rocm_yolo.run.midepoch import parse_interval
+from rocm_yolo.run.midepoch_state import parse_interval
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from rocm_yolo.policy import placement
+from rocm_yolo.policy.profiles import resolve
 from rocm_yolo.run import devices
 from rocm_yolo.run.heartbeat import parse
 from rocm_yolo.run.nodes import (
@@ -17,7 +19,6 @@ from rocm_yolo.run.nodes import (
     stopped_node,
 )
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.run.profiles import resolve
 from rocm_yolo.run.spec import RunSpec, latest_spec, next_attempt
 
 
@@ -62,10 +63,10 @@ def test_a_spec_carries_its_nodes_and_finds_its_nodes_files(tmp_path):
 
 
 def test_the_batch_divides_by_every_gpu_of_every_node():
-    assert devices.check_batch(16, ["0", "1"], nodes=4) is None
-    why = devices.check_batch(12, ["0", "1"], nodes=4)
+    assert placement.check_batch(16, ["0", "1"], nodes=4) is None
+    why = placement.check_batch(12, ["0", "1"], nodes=4)
     assert "does not divide by the 8 GPUs of --device 0,1 on each of 4 nodes" in why and "batch=64" in why
-    assert devices.check_batch(2, ["0"], nodes=2) is None and "divide" in devices.check_batch(3, ["0"], nodes=2)
+    assert placement.check_batch(2, ["0"], nodes=2) is None and "divide" in placement.check_batch(3, ["0"], nodes=2)
 
 
 def test_nodes_meet_in_the_round_the_others_wait_in_and_move_on_together(tmp_path):

@@ -12,9 +12,10 @@ import pytest
 
 from helpers import as_stranger
 from rocm_yolo.errors import UsageError
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run import atomic
 from rocm_yolo.run.atomic import append_log, private_dirs, rotated, temporary, write_atomic, write_report
-from rocm_yolo.run.events import RunLog, read_events
+from rocm_yolo.run.events import read_events
 from rocm_yolo.run.paths import RunPaths
 
 
@@ -121,7 +122,7 @@ def test_a_cache_folder_that_is_a_link_or_another_users_is_never_used(tmp_path, 
 
     from rocm_yolo import environment, errors
     from rocm_yolo.conv import selftest
-    from rocm_yolo.launch.demo import write_demo
+    from rocm_yolo.request.demo import write_demo
 
     cache = tmp_path / "cache"
     monkeypatch.setenv(environment.CACHE_DIR, str(cache))

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.run.supervisor_state import Failure, State, SupervisorState, read_state, write_state
+from rocm_yolo.run.supervisor_state import Failure, RunState, SupervisorState, read_state, write_state
 
 
 def test_failures_and_a_verdict_round_trip_and_an_older_file_reads_with_defaults(tmp_path):
     failure = Failure(
         2, "crash", "gpu-fault", "GPU memory access fault", "gpu-fault: x", 2, 3, "train", 1.0, "r", ["l"]
     )
-    record = SupervisorState(State.FAILED, 1, None, 2, "fast", 1, 3, 0.0, 0.0, 1.0, failures=[failure], verdict=["v"])
+    record = SupervisorState(
+        RunState.FAILED, 1, None, 2, "fast", 1, 3, 0.0, 0.0, 1.0, failures=[failure], verdict=["v"]
+    )
     write_state(tmp_path, record)
     assert read_state(tmp_path) == record
     older = record.to_dict()

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from helpers import fake_checkpoint
-from rocm_yolo.run import checkpoints
+from rocm_yolo.run import weights as checkpoints
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.supervisor.restart import next_spec
 

@@ -11,7 +11,7 @@ from fakes import Clock, ScriptedChild, beat, supervise
 from rocm_yolo import errors
 from rocm_yolo.diagnosis.evidence import Machine
 from rocm_yolo.gpu.release import Release
-from rocm_yolo.run.profiles import resolve
+from rocm_yolo.policy.profiles import resolve
 from rocm_yolo.run.spec import RunSpec
 from rocm_yolo.run.supervisor_state import read_state
 from rocm_yolo.supervisor.config import WatchdogConfig
@@ -158,7 +158,7 @@ def test_the_traceback_read_on_several_gpus_is_the_one_of_the_rank_that_failed_f
 
 
 def test_a_stopped_run_tells_the_notify_command_it_stopped(spec, tmp_path):
-    from rocm_yolo.run.events import RunLog
+    from rocm_yolo.process.output import RunLog
     from rocm_yolo.supervisor.loop import Supervisor
 
     heard = tmp_path / "heard.jsonl"
@@ -181,7 +181,7 @@ def test_a_stopped_run_tells_the_notify_command_it_stopped(spec, tmp_path):
 def test_an_index_error_has_the_labels_checked_and_one_out_of_range_makes_it_a_data_error(tmp_path):
     """Issue 44: the labels of the split the attempt was in, checked against nc after an index error; the label
     file and line are named, and the remedy is a data error's (the same profile)."""
-    from rocm_yolo.launch.demo import write_demo
+    from rocm_yolo.request.demo import write_demo
 
     data = write_demo(tmp_path / "demo", train=4, val=2, size=32)
     label = sorted((data.parent / "labels" / "train").glob("*.txt"))[1]

@@ -11,7 +11,7 @@ from pathlib import Path
 import fakes
 from fakes import Clock, ScriptedChild, beat
 from rocm_yolo import errors
-from rocm_yolo.run.events import RunLog
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.run.nodes import say_alive
 from rocm_yolo.supervisor import stall
 from rocm_yolo.supervisor.config import WatchdogConfig

@@ -17,7 +17,8 @@ from fakes import Clock, ScriptedChild, beat
 from rocm_yolo import errors
 from rocm_yolo.diagnosis.classes import NAMES as CLASSES
 from rocm_yolo.diagnosis.evidence import Machine
-from rocm_yolo.run.events import RunLog, read_events
+from rocm_yolo.process.output import RunLog
+from rocm_yolo.run.events import read_events
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.supervisor.config import WatchdogConfig
 from rocm_yolo.supervisor.loop import Supervisor

@@ -14,11 +14,13 @@ import fakes
 from fakes import Clock, ScriptedChild
 from helpers import fake_checkpoint
 from rocm_yolo import errors
-from rocm_yolo.run.events import RunLog, read_events
+from rocm_yolo.process.output import RunLog
+from rocm_yolo.run.events import read_events
 from rocm_yolo.run.nodes import Nodes, NodeStop, join_round, mark_round_started, read_round, record_stop
-from rocm_yolo.run.supervisor_state import State
+from rocm_yolo.run.supervisor_state import RunState
 from rocm_yolo.supervisor.config import WatchdogConfig
-from rocm_yolo.supervisor.restart import remove_cut_writes, remove_leftovers, tell_other_nodes, tidy_finished
+from rocm_yolo.supervisor.peers import tell_other_nodes
+from rocm_yolo.supervisor.restart import remove_cut_writes, remove_leftovers, tidy_finished
 from rocm_yolo.supervisor.states import RunResult
 
 CONFIG = WatchdogConfig(stall_timeout=60, step_multiplier=10, startup_grace=300, max_restarts=2, poll_interval=1)
@@ -150,7 +152,7 @@ def test_a_node_waiting_at_the_rendezvous_when_another_stops_for_good_stops_with
     assert read_round(node0.paths).stopped.node == 0  # node 0 stops for good: node 1, if it comes, stops too
     node0.paths.round.unlink()
     join_round(node0.paths, "fast")
-    stopped = RunResult(State.INTERRUPTED, errors.TERMINATED, node0.run_dir, node=0)
+    stopped = RunResult(RunState.INTERRUPTED, errors.TERMINATED, node0.run_dir, node=0)
     tell_other_nodes(node0, stopped, said(node0)[0])
     assert read_round(node0.paths).stopped is None
 
@@ -160,8 +162,8 @@ def test_after_an_attempt_its_dead_processes_stack_files_and_a_killed_trainers_p
     /tmp/pymp-* (its fork server's socket): both go once the tree is gone, and only what is the run's to remove: a
     live process's stack file stays, and so does a pymp- folder of another user's or a link (issue 45)."""
     from helpers import as_stranger
+    from rocm_yolo.process.output import RunLog
     from rocm_yolo.run.atomic import private_dirs
-    from rocm_yolo.run.events import RunLog
 
     paths = spec.paths
     private_dirs(paths.state, paths.stacks)

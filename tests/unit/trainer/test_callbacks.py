@@ -12,9 +12,9 @@ from rocm_yolo.trainer.callbacks.heartbeat_writer import HeartbeatWriter
 from rocm_yolo.trainer.callbacks.registry import CALLBACK_EVENTS, callbacks_of, register
 from rocm_yolo.trainer.callbacks.trackers import Trackers
 from rocm_yolo.trainer.callbacks.trainer_settings import TrainerSettings
-from rocm_yolo.trainer.checkpointing.restore import MidEpochResume
-from rocm_yolo.trainer.checkpointing.save import MidEpochSave
-from rocm_yolo.trainer.loaders.forkserver import ServerReady
+from rocm_yolo.trainer.forkserver.server import ServerReady
+from rocm_yolo.trainer.midepoch.restore import MidEpochResume
+from rocm_yolo.trainer.midepoch.save import MidEpochSave
 
 OWNERS = (
     TrainerSettings,
@@ -88,7 +88,7 @@ def test_the_verified_copy_of_last_pt_is_made_off_the_training_thread_but_never_
     import types
 
     from helpers import fake_checkpoint
-    from rocm_yolo.run.events import RunLog
+    from rocm_yolo.process.output import RunLog
     from rocm_yolo.run.paths import RunPaths
     from rocm_yolo.trainer.callbacks.good_copy import GoodCopy
 
@@ -115,7 +115,7 @@ def test_the_first_batch_waits_for_this_attempts_fork_server_to_be_ready_as_star
     import time
 
     from rocm_yolo.run.paths import RunPaths
-    from rocm_yolo.trainer.loaders import forkserver
+    from rocm_yolo.trainer.forkserver import server as forkserver
 
     record = RunPaths(tmp_path).forkserver(None)
     record.parent.mkdir(parents=True)

@@ -14,7 +14,7 @@ def test_a_worker_killed_while_handing_over_a_batch_is_named_in_the_crash():
     """A worker killed mid hand-over can surface as a bare ConnectionResetError; the crash names the worker."""
     import signal
 
-    from rocm_yolo.trainer.failures import name_dead_worker
+    from rocm_yolo.trainer.training import name_dead_worker
 
     # forkserver, as rocm-yolo runs them: the workers are not this process's children (with fork, torch's
     # SIGCHLD handler would raise here first), so their exit status comes late, through the server

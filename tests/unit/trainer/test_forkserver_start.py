@@ -17,7 +17,7 @@ import pytest
 SCRIPT = """
 import faulthandler, json, multiprocessing.resource_tracker, os, signal, sys, threading, time
 from rocm_yolo.run.paths import RunPaths
-from rocm_yolo.trainer.loaders import forkserver
+from rocm_yolo.trainer.forkserver import server as forkserver
 
 run = sys.argv[1]
 held = open(os.path.join(run, "held.txt"), "w")  # a file of the trainer's: not the server's
@@ -72,7 +72,7 @@ def test_a_trainer_with_a_thread_gets_a_new_interpreter_and_says_why(tmp_path):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_process_with_a_thread_is_refused(threads):
-    code = "from rocm_yolo.trainer.loaders import forkserver; import threading, time\n"
+    code = "from rocm_yolo.trainer.forkserver import server as forkserver; import threading, time\n"
     if threads == 2:
         code += "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
     code += "print(forkserver.fork_refused())"

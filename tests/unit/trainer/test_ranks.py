@@ -11,11 +11,12 @@ import types
 import pytest
 import torch
 
+from rocm_yolo.policy import placement
 from rocm_yolo.run import devices, heartbeat
 from rocm_yolo.run.paths import RunPaths
 from rocm_yolo.supervisor.trainer_process import PipeReader
 from rocm_yolo.testing import faults
-from rocm_yolo.trainer.checkpointing import sample_order
+from rocm_yolo.trainer.midepoch import sample_order
 from rocm_yolo.trainer.rank import trainer_class
 
 
@@ -39,10 +40,12 @@ def test_the_gpus_a_device_argument_names(device, ids):
 
 
 def test_a_batch_must_divide_by_the_gpus():
-    assert devices.check_batch(8, ["0", "1"]) is None and devices.check_batch(5, ["0"]) is None
-    assert "does not divide by the 2 GPUs" in devices.check_batch(5, ["0", "1"])
-    assert "the default batch 16 does not divide by the 3 GPUs" in devices.check_batch(16, ["0", "1", "2"], "default")
-    assert "AutoBatch" in devices.check_batch(-1, ["0", "1"]) and "AutoBatch" in devices.check_batch(0.7, ["0", "1"])
+    assert placement.check_batch(8, ["0", "1"]) is None and placement.check_batch(5, ["0"]) is None
+    assert "does not divide by the 2 GPUs" in placement.check_batch(5, ["0", "1"])
+    assert "the default batch 16 does not divide by the 3 GPUs" in placement.check_batch(16, ["0", "1", "2"], "default")
+    assert "AutoBatch" in placement.check_batch(-1, ["0", "1"]) and "AutoBatch" in placement.check_batch(
+        0.7, ["0", "1"]
+    )
 
 
 def test_a_rank_knows_itself_from_torch_distributed_run():

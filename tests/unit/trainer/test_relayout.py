@@ -15,9 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rocm_yolo.errors import UsageError
-from rocm_yolo.patches.saves import trainloop
-from rocm_yolo.run.devices import Layout, Relayout, fits, gpu_counts_that_fit, relayout
-from rocm_yolo.trainer.checkpointing.relayout import (
+from rocm_yolo.patches.saves import loop_position
+from rocm_yolo.policy.placement import fits, gpu_counts_that_fit, relayout
+from rocm_yolo.run.devices import Layout, Relayout
+from rocm_yolo.trainer.midepoch.relayout import (
     RelaidBatches,
     micro_batches,
     nominal_accumulate,
@@ -159,14 +160,14 @@ def test_a_step_of_micro_batches_is_one_item_of_the_training_loop():
                 yield next(self.it)
 
     loader = Infinite()
-    trainloop.group(loader, 2)
+    loop_position.group(loader, 2)
     try:
-        first = list(trainloop._enumerate(loader))
-        trainloop.arm(loader, 1, 2)
-        second = list(trainloop._enumerate(loader))
+        first = list(loop_position._enumerate(loader))
+        loop_position.arm(loader, 1, 2)
+        second = list(loop_position._enumerate(loader))
     finally:
-        trainloop.group(None, 1)
-        trainloop.disarm()
+        loop_position.group(None, 1)
+        loop_position.disarm()
     assert [i for i, _ in first] == [0, 1, 2] and [b["i"] for _, b in first] == [0, 2, 4]
     assert [b.rest[0]["i"] for _, b in first] == [1, 3, 5] and first[0][1].files() == ["0.jpg", "1.jpg"]
     assert [i for i, _ in second] == [1, 2] and [b["i"] for _, b in second] == [6, 8]

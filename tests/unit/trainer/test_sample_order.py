@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rocm_yolo.trainer.checkpointing import sample_order
+from rocm_yolo.trainer.midepoch import sample_order
 
 
 class Recording(torch.utils.data.Dataset):

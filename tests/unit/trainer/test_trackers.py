@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rocm_yolo.run.events import RunLog
-from rocm_yolo.run.profiles import resolve
+from rocm_yolo.policy.profiles import resolve
+from rocm_yolo.process.output import RunLog
 from rocm_yolo.trainer.callbacks.tracker_record import (
     TrackerRecord,
     attempts,
