@@ -47,7 +47,7 @@ class Peers:
         return bool(nodes_lost(spec, self.clock, self.sleep, log, self.gone))
 
     def follows(self, spec: RunSpec, log: RunLog) -> bool:
-        """After an attempt whose ranks failed in a collective: another node restarted first (:func:`follows_another`)."""
+        """After ranks failed in a collective: another node restarted first (:func:`follows_another`)."""
         return follows_another(spec, self.clock, self.sleep, log)
 
 
