@@ -14,6 +14,7 @@ import os
 import re
 import select
 import shlex
+import signal
 import subprocess
 import sys
 import termios
@@ -33,7 +34,11 @@ pytestmark = pytest.mark.skipif(not os.path.exists("/bin/bash"), reason="needs b
 
 
 def _controlling_terminal() -> None:
-    """In the shell's process, after setsid: the terminal on its stdin becomes its controlling terminal."""
+    """In the shell's process, after setsid: the terminal on its stdin becomes its controlling terminal, and the signals
+    a terminal sends do what they do by default, as in a shell a terminal window starts (a suite run under ``nohup``
+    or in a script's background job would otherwise hand the shell, and so the training, SIGHUP or SIGINT ignored)."""
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGTSTP, signal.SIGTTOU):
+        signal.signal(sig, signal.SIG_DFL)
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
