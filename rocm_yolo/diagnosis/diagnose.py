@@ -220,16 +220,22 @@ FATAL = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIG
 
 def _native_fault(e: Evidence, text: str) -> Diagnosis | None:
     """A death by a fatal signal (as the supervisor sees it, -SIG; as a shell says it, 128 + SIG) whose output places
-    the fault in a native frame of the GPU runtime's libraries (:data:`.vocabulary.FAULT_FRAMES`): the GPU's side."""
+    the fault in a native frame of the GPU runtime's libraries (:data:`.vocabulary.FAULT_FRAMES`): the GPU's side; or,
+    in faulthandler's dump, in torch's first call into the GPU runtime (:data:`.vocabulary.START_FRAMES`): the
+    installed runtime cannot start here."""
     code = e.exit_code
     number = -code if code is not None and code < 0 else code - 128 if code is not None and code > 128 else None
     if number not in FATAL:
         return None
     found = vocabulary.first(text, vocabulary.FAULT_FRAMES)
     if found is None:
+        frame = vocabulary.faulting_frame(text)
+        found = vocabulary.first(frame, vocabulary.START_FRAMES) if frame else None
+    if found is None:
         return None
     word, line = found
-    title = f"training process killed by {signal.Signals(number).name} in the GPU runtime ({line.strip()[:120]})"
+    where = "as the GPU runtime started" if word in vocabulary.START_FRAMES else "in the GPU runtime"
+    title = f"training process killed by {signal.Signals(number).name} {where} ({line.strip()[:120]})"
     why = f"{word.name} ({word.meaning}): {word.source}"
     return Diagnosis(word.cls, title, f"{word.cls}: {signal.Signals(number).name} in the GPU runtime", (line,), why=why)
 

@@ -418,6 +418,45 @@ FAULT_FRAMES: tuple[Word, ...] = (
     ),
 )
 
+TORCH_GPU_START = (
+    "pytorch/pytorch torch/cuda/__init__.py (hipified on ROCm): is_available and device_count ask the runtime for "
+    "the GPUs (torch._C._cuda_getDeviceCount: hipGetDeviceCount, which starts HSA), _lazy_init and init start it "
+    "(torch._C._cuda_init), the amdsmi and NVML counts start those libraries (amdsmi_init, nvmlInit); the frame as "
+    "Python's faulthandler writes it (Modules/faulthandler.c: 'Current thread 0x... (most recent call first):' or "
+    "'Stack (most recent call first):', then '  File \"...\", line N in FUNCTION', the innermost first)"
+)
+
+# Where a process killed by a fatal signal was in Python when it faulted: the innermost frame of the faulting thread
+# in faulthandler's dump (the trainer enables it), read as :func:`faulting_frame` gives it, only for such a death with
+# no word of its own and no native frame of the GPU runtime's libraries (diagnosis.diagnose).
+START_FRAMES: tuple[Word, ...] = (
+    _w(
+        ENVIRONMENT,
+        "the GPU runtime faulted as it started",
+        r"[/\\]torch[/\\]cuda[/\\]__init__\.py\", line \d+ in (?:is_available|device_count|_lazy_init|init"
+        r"|_raw_device_count_amdsmi|_device_count_amdsmi|_raw_device_uuid_amdsmi|_raw_device_count_nvml"
+        r"|_device_count_nvml|_raw_device_uuid_nvml)$",
+        TORCH_GPU_START,
+        "the process faulted in torch's first call into the GPU runtime (counting or starting the GPUs), before any "
+        "work on a GPU: the installed runtime cannot start on this machine (a broken or mismatched build, a card it "
+        "does not support)",
+    ),
+)
+
+_FAULTING = re.compile(
+    r"^(?:Current thread 0x[0-9a-f]+|Stack) \(most recent call first\):\n\s*(File \"[^\"\n]+\", line \d+ in \S+)$",
+    re.M,
+)
+
+
+def faulting_frame(text: str) -> str | None:
+    """The innermost Python frame of the thread that faulted, as faulthandler wrote it (``File "PATH", line N in
+    FUNCTION``); None when ``text`` holds no such dump. The last dump is the death's (an earlier one, a stack-dump
+    signal's, goes to the run's stacks/ folder)."""
+    found = _FAULTING.findall(text)
+    return found[-1] if found else None
+
+
 # the GPU runtime's own words (HIP, HSA, MIOpen, rocBLAS, CUDA): before training, an exception that holds one is the
 # environment's (rocm_yolo.triage)
 GPU_RUNTIME: tuple[Word, ...] = tuple(word for word in WORDS if word.failure.gpu_runtime)

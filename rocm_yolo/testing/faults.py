@@ -73,6 +73,7 @@ TRAINING = (
     "same-crash",
     "device-assert",
     "handled-hip-error",
+    "runtime-start-fault",
 )
 EVERY_ATTEMPT = ("same-crash",)  # fires in every attempt that reaches it, not once per run
 HSA_FAULT_LINE = (
@@ -216,6 +217,20 @@ def device_assert(device) -> None:
     logits = torch.zeros(1, 2, device=device)
     target = torch.tensor([1 << 40], device=device)
     F.cross_entropy(logits, target).item()
+
+
+def runtime_start_fault() -> None:
+    """What a broken GPU runtime does as torch starts it (strixhalo-toolbox61: SIGSEGV inside hipGetDeviceCount, no
+    word): the runtime's count of the GPUs (``torch._C._cuda_getDeviceCount``) becomes a call to address 0, then
+    torch's own ``torch.cuda.is_available()`` calls it; the process dies by SIGSEGV in native code, as a broken
+    ``libhsa-runtime64`` kills it."""
+    import ctypes
+
+    import torch
+
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "0"  # is_available asks the runtime, not NVML
+    torch._C._cuda_getDeviceCount = ctypes.CFUNCTYPE(ctypes.c_int)(0)
+    torch.cuda.is_available()
 
 
 # --------------------------------------------------------------------------- conv self-test
@@ -414,6 +429,8 @@ class Injector:
             elif f.kind == "gpu-fault":
                 os.write(2, HSA_FAULT_LINE.encode())  # from C in the runtime: no Python buffer in between
                 os.abort()
+            elif f.kind == "runtime-start-fault":
+                runtime_start_fault()
             elif f.kind == "oom":
                 import torch
 

@@ -18,6 +18,7 @@ It imports nothing heavy at the top: torch comes in step 3.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import sys
@@ -74,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         dump_stacks_into(paths, paths.trainer_stacks(os.getpid()))
     except (OSError, errors.UsageError) as e:
         return _setup_failure(spec, log, e)
+    # a fatal signal (a fault in native code: the GPU runtime, a library) writes where each thread was into the
+    # child's stderr, for the diagnosis and the person, then kills the process by it as before
+    faulthandler.enable(all_threads=True)
     signal.signal(signal.SIGTERM, _on_sigterm)
     if rank is None:
         return _train(spec, log)

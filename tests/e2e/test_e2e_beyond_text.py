@@ -141,6 +141,23 @@ def test_a_gpu_fault_with_an_override_of_another_architecture_stops_with_the_ove
     assert cli.leftovers() == []
 
 
+def test_a_sigsegv_in_torchs_first_call_into_the_gpu_runtime_stops_at_once_as_the_environment(cli, tiny_data, tmp_path):
+    """A runtime that faults as torch starts it (strixhalo-toolbox61: a bare SIGSEGV, exit 139, at
+    torch.cuda.is_available()): the trainer's faulthandler writes where Python stood, and that decides: the installed
+    runtime cannot start on this machine. Exit 4 at once, no lighter loader tried, nothing left behind."""
+    run = tmp_path / "runs" / "detect" / "train"
+    env = {"ROCM_YOLO_FAULT": "runtime-start-fault@1:2"}
+    r = cli.run("train", str(tiny_data), "--epochs", "1", *WATCH, *TINY, env=env, timeout=300)
+    assert r.returncode == 4, r.stdout[-3000:]
+    [crash] = events(run, "crash")
+    assert crash["class"] == "environment" and crash["exit_code"] == -signal.SIGSEGV, crash
+    assert "as the GPU runtime started" in crash["message"] and "in is_available" in crash["message"], crash
+    assert events(run, "restart") == []
+    stderr = RunPaths(run).child_stderr(1).read_text()
+    assert "(most recent call first):" in stderr and "torch/cuda/__init__.py" in stderr  # faulthandler's dump
+    assert cli.leftovers() == []
+
+
 def test_a_start_up_stopped_with_sigstop_is_a_hang_in_the_stall_timeout_plus_30_s_and_status_says_so(
     cli, tiny_data, tmp_path
 ):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import datetime
 
 import pytest
@@ -520,3 +523,39 @@ def test_a_fatal_signal_in_a_frame_of_the_gpu_runtime_is_the_gpus_side_never_the
     assert diagnose(Evidence(failure="crash", exit_code=1, stderr=text)).cls != "gpu-fault"
     opencv = "#0 0x7f in cv::imread from libopencv_imgcodecs.so"
     assert diagnose(Evidence(failure="crash", exit_code=-11, stderr=opencv)).cls == "unknown"
+
+
+# A real process, a real faulthandler dump and torch's real torch/cuda/__init__.py: the runtime's count of the GPUs
+# (torch._C._cuda_getDeviceCount, hipGetDeviceCount on ROCm) replaced by a call to address 0, as a broken runtime
+# faults inside it; ``{where}`` is where Python stands when it faults.
+_FAULT_IN = """
+import ctypes, faulthandler, torch
+faulthandler.enable(all_threads=True)
+torch._C._cuda_getDeviceCount = ctypes.CFUNCTYPE(ctypes.c_int)(0)
+def model_step():
+    return torch._C._cuda_getDeviceCount()
+{where}
+"""
+
+
+def _faulted(where: str) -> tuple[int, str]:
+    env = {**os.environ, "PYTORCH_NVML_BASED_CUDA_CHECK": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", _FAULT_IN.format(where=where)], capture_output=True, text=True, timeout=120, env=env
+    )
+    return done.returncode, done.stderr
+
+
+def test_a_fatal_signal_in_torchs_first_call_into_the_gpu_runtime_is_the_environment():
+    """strixhalo-toolbox61 (heldout3): a torch whose runtime faults as it starts dies by SIGSEGV at
+    torch.cuda.is_available(), with no word. The trainer's faulthandler says where Python stood: there, the installed
+    runtime cannot start on this machine (stop at once, exit 4), not a loader to lighten."""
+    code, stderr = _faulted("torch.cuda.is_available()")
+    assert code == -11, stderr
+    found = diagnose(Evidence(failure="crash", exit_code=code, stderr=stderr))
+    assert found.cls == ENVIRONMENT and "as the GPU runtime started" in found.title and found.why, found
+    # the same fault from another frame (a model's step calling the runtime), or with no dump, decides nothing
+    code, elsewhere = _faulted("model_step()")
+    assert code == -11 and "in model_step" in elsewhere
+    assert diagnose(Evidence(failure="crash", exit_code=code, stderr=elsewhere)).cls == UNKNOWN
+    assert diagnose(Evidence(failure="crash", exit_code=-11, stderr="")).cls == UNKNOWN
