@@ -2,7 +2,8 @@
 
 A plugin of :mod:`rocm_yolo.run.hooks`: a process loads it when ``ROCM_YOLO_PLUGINS=rocm_yolo.testing``
 is set (:func:`environ` gives that with the variables it reads), and nothing in rocm-yolo imports it.
-It answers the hook points with :mod:`.faults` (``ROCM_YOLO_FAULT``) and :mod:`.recorder`
+It answers the hook points with :mod:`.faults` (``ROCM_YOLO_FAULT``; the GPU's failures it imitates are
+:mod:`.gpu_faults`) and :mod:`.recorder`
 (``ROCM_YOLO_RECORD_BATCHES``); CONTRIBUTING.md describes both variables.
 """
 

@@ -17,17 +17,19 @@ in the first rank of rocm-yolo's node K of a multi-node run; without it in which
 - ``save-kill``: the trainer kills itself with SIGKILL halfway through writing the first
   mid-epoch checkpoint at or after that batch (a temporary file is left, half written);
 - ``gpu-fault``: the trainer writes the HSA runtime's line for a GPU page fault to its stderr
-  (:data:`HSA_FAULT_LINE`, from C, as the runtime does) and calls ``abort()`` (SIGABRT);
+  (:data:`.gpu_faults.HSA_FAULT_LINE`, from C, as the runtime does) and calls ``abort()`` (SIGABRT);
 - ``oom``: the trainer raises ``torch.OutOfMemoryError`` with torch's own message for a GPU out of
-  memory (:data:`OOM_MESSAGE`);
+  memory (:data:`.gpu_faults.OOM_MESSAGE`);
 - ``same-crash``: the trainer raises the same ``RuntimeError`` at that batch in every attempt (not
   once per run): a deterministic error of the training step;
 - ``handled-hip-error``: the trainer writes the traceback of a ``RuntimeError: HIP error: invalid device
-  function`` it caught to its stderr (:data:`HANDLED_HIP_ERROR`) and trains on: a GPU error's words that are no
-  failure;
+  function`` it caught to its stderr (:data:`.gpu_faults.HANDLED_HIP_ERROR`) and trains on: a GPU error's
+  words that are no failure;
 - ``device-assert``: the trainer computes a loss with a class index far out of range on the training
-  device (:func:`device_assert`): on an NVIDIA GPU a device-side assert (ROCm's torch has kernel asserts
-  off: there the read out of range faults), on the CPU an ``IndexError``.
+  device (:func:`.gpu_faults.device_assert`): on an NVIDIA GPU a device-side assert (ROCm's torch has kernel
+  asserts off: there the read out of range faults), on the CPU an ``IndexError``;
+- ``runtime-start-fault``: the trainer dies by SIGSEGV inside torch's first call into the GPU runtime, as a broken
+  runtime kills it (:func:`.gpu_faults.runtime_start_fault`).
 
 Conv self-test faults, ``WHERE`` = a strategy name: ``conv-raise`` imitates a HIP error,
 ``conv-abort`` a GPU memory access fault (SIGABRT), ``conv-hang`` a stuck kernel (all three
@@ -60,6 +62,13 @@ from rocm_yolo.environment import FAULT as ENV
 from rocm_yolo.run.atomic import append_log, write_atomic
 from rocm_yolo.run.devices import local_rank, rank
 from rocm_yolo.run.paths import RunPaths, node_from_environment
+from rocm_yolo.testing.gpu_faults import (
+    HANDLED_HIP_ERROR,
+    HSA_FAULT_LINE,
+    OOM_MESSAGE,
+    device_assert,
+    runtime_start_fault,
+)
 
 TRAINING = (
     "worker-hang",
@@ -76,26 +85,6 @@ TRAINING = (
     "runtime-start-fault",
 )
 EVERY_ATTEMPT = ("same-crash",)  # fires in every attempt that reaches it, not once per run
-HSA_FAULT_LINE = (
-    "Memory access fault by GPU node-1 (Agent handle: 0x55d5c0a3e2a0) on address 0x7f3a1c000000. "
-    "Reason: Page not present or supervisor privilege.\n"
-)  # the HSA runtime's words (ROCR-Runtime), before it calls abort()
-HANDLED_HIP_ERROR = (
-    "Traceback (most recent call last):\n"
-    '  File "probe.py", line 12, in <module>\n'
-    "    torch.ones(1, device='cuda') + 1\n"
-    "RuntimeError: HIP error: invalid device function\n"
-    "HIP kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be "
-    "incorrect.\nFor debugging consider passing AMD_SERIALIZE_KERNEL=3\n"
-    "Compile with `TORCH_USE_HIP_DSA` to enable device-side assertions.\n"
-    "(handled: training goes on)\n"
-)  # torch's own words for a HIP error, as a caught exception's traceback prints them
-OOM_MESSAGE = (
-    "HIP out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 7.98 GiB of which 1.02 GiB is "
-    "free. Of the allocated memory 5.91 GiB is allocated by PyTorch, and 312.00 MiB is reserved by PyTorch but "
-    "unallocated. If reserved but unallocated memory is large try setting "
-    "PYTORCH_HIP_ALLOC_CONF=expandable_segments:True to avoid fragmentation."
-)
 CONV_AT_START = ("conv-raise", "conv-abort", "conv-hang")
 CONV = CONV_AT_START + ("conv-slow", "conv-half-inference")
 SLOW_CONV_SECONDS = 0.02  # what conv-slow adds to every convolution
@@ -203,34 +192,6 @@ class InjectedBug(KeyError):
 
 def raise_bug(where: str) -> None:
     raise InjectedBug(f"injected bug ({ENV}) {where}")
-
-
-def device_assert(device) -> None:
-    """``device-assert``: a cross-entropy loss on ``device`` whose target is a class index far out of range (class
-    2**40 of 2). On an NVIDIA GPU the loss kernel's bounds check fails: a device-side assert, which leaves the
-    process's GPU context unusable. ROCm's torch builds have kernel asserts off, so there the read 4 TiB past the
-    tensor is what fails (a memory access fault). On the CPU torch raises ``IndexError``. ``.item()`` waits for
-    the GPU, so the error surfaces here."""
-    import torch
-    import torch.nn.functional as F
-
-    logits = torch.zeros(1, 2, device=device)
-    target = torch.tensor([1 << 40], device=device)
-    F.cross_entropy(logits, target).item()
-
-
-def runtime_start_fault() -> None:
-    """What a broken GPU runtime does as torch starts it (strixhalo-toolbox61: SIGSEGV inside hipGetDeviceCount, no
-    word): the runtime's count of the GPUs (``torch._C._cuda_getDeviceCount``) becomes a call to address 0, then
-    torch's own ``torch.cuda.is_available()`` calls it; the process dies by SIGSEGV in native code, as a broken
-    ``libhsa-runtime64`` kills it."""
-    import ctypes
-
-    import torch
-
-    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "0"  # is_available asks the runtime, not NVML
-    torch._C._cuda_getDeviceCount = ctypes.CFUNCTYPE(ctypes.c_int)(0)
-    torch.cuda.is_available()
 
 
 # --------------------------------------------------------------------------- conv self-test
